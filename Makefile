@@ -1,0 +1,46 @@
+# ddpjob developer commands. `make help` lists them.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CLUSTER_DIR ?= .cluster
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: venv
+venv: ## Create .venv and install ddpjob with dev extras (idempotent)
+	@bash hack/venv.sh
+
+.PHONY: tools
+tools: ## Build the pinned cluster tools (k8s v1.34, etcd, kwok, helm) into ~/.cache/ddpjob (cached)
+	@bash hack/install-tools.sh
+
+.PHONY: test
+test: venv tools ## Run lint, type checks, unit and integration tests (starts its own control plane)
+	$(VENV)/bin/ruff check operator worker tests bench
+	$(VENV)/bin/mypy
+	$(PY) -m pytest tests -m "not e2e" -q
+
+.PHONY: unit
+unit: venv ## Run the unit tests only
+	$(PY) -m pytest tests -m unit -q
+
+.PHONY: lint
+lint: venv ## ruff and mypy
+	$(VENV)/bin/ruff check operator worker tests bench
+	$(VENV)/bin/mypy
+
+.PHONY: cluster-up
+cluster-up: venv tools ## Start the local control plane in .cluster/; the last line is `export KUBECONFIG=...`
+	@$(PY) -m tests.cluster up --dir $(CLUSTER_DIR)
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local control plane and remove its state (no process or port left)
+	@if [ -x $(PY) ]; then $(PY) -m tests.cluster down --dir $(CLUSTER_DIR); else python3 -m tests.cluster down --dir $(CLUSTER_DIR); fi
+
+.PHONY: run-local
+run-local: venv ## Run the CPU example DDPJob locally with `ddpjob run` (no Kubernetes)
+	$(VENV)/bin/ddpjob run manifests/examples/cpu-charlm.yaml

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Builds the pinned cluster tools (Kubernetes control plane, etcd, kwok, helm; kubelet, kube-proxy
+# and CoreDNS with --node) from their Go modules into a cache outside the repo, keyed by version.
+# A tool already in the cache is skipped, so a warm run takes well under a second.
+#
+# Usage: hack/install-tools.sh [--node] [--print-dir]
+#   DDPJOB_CACHE   cache root (default ~/.cache/ddpjob); binaries land in $DDPJOB_CACHE/bin/<tool>-<version>/
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=versions.env
+source "$here/versions.env"
+CACHE=${DDPJOB_CACHE:-$HOME/.cache/ddpjob}
+export GOFLAGS=-buildvcs=false
+export GOTOOLCHAIN=local
+
+want_node=0
+for arg in "$@"; do
+  case $arg in
+    --node) want_node=1 ;;
+    --print-dir) echo "$CACHE/bin"; exit 0 ;;
+    *) echo "unknown argument: $arg (expected --node or --print-dir)" >&2; exit 2 ;;
+  esac
+done
+
+start=$(date +%s)
+elapsed() { local s=$(( $(date +%s) - ${1:-$start} )); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
+say() { printf '[install-tools %s] %s\n' "$(elapsed)" "$*"; }
+
+# run_logged LOG DESCRIPTION CMD...: runs CMD with output to LOG, printing a heartbeat every 30 s,
+# and on failure shows the tool's own error output instead of a bare exit code.
+run_logged() {
+  local log=$1 what=$2; shift 2
+  local t0; t0=$(date +%s)
+  ( "$@" ) >"$log" 2>&1 &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+    kill -0 "$pid" 2>/dev/null && say "  ... still $what ($(elapsed "$t0"))"
+  done
+  if ! wait "$pid"; then
+    say "FAILED: $what. Last lines of $log:"
+    tail -n 60 "$log" | sed 's/^/    /' >&2
+    exit 1
+  fi
+  say "  done: $what in $(elapsed "$t0")"
+}
+
+# gomodule DIR MODULE VERSION [REPLACES...]: a throwaway module that requires MODULE@VERSION, so its
+# main packages can be built even when MODULE's own go.mod has replace directives (go install refuses those).
+gomodule() {
+  local dir=$1 mod=$2 ver=$3; shift 3
+  mkdir -p "$dir"
+  {
+    echo "module ddpjob.local/toolbuild"
+    echo "go 1.24"
+    echo "require $mod $ver"
+    for r in "$@"; do echo "replace $r"; done
+  } >"$dir/go.mod"
+}
+
+k8s_staging=(api apiextensions-apiserver apimachinery apiserver cli-runtime client-go cloud-provider
+  cluster-bootstrap code-generator component-base component-helpers controller-manager cri-api cri-client
+  csi-translation-lib dynamic-resource-allocation endpointslice externaljwt kms kube-aggregator
+  kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics mount-utils
+  pod-security-admission sample-apiserver sample-cli-plugin sample-controller)
+
+k8s_ldflags() {
+  local v=${KUBERNETES_VERSION#v} p=k8s.io/component-base/version c=k8s.io/client-go/pkg/version
+  local major=${v%%.*} minor; minor=${v#*.}; minor=${minor%%.*}
+  local flags="-s -w"
+  for pkg in $p $c; do
+    flags+=" -X $pkg.gitVersion=$KUBERNETES_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+    flags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "$flags"
+}
+
+# Each entry: name|version|module|package|ldflags-kind
+tools=(
+  "kube-apiserver|$KUBERNETES_VERSION|k8s.io/kubernetes|k8s.io/kubernetes/cmd/kube-apiserver|k8s"
+  "kube-controller-manager|$KUBERNETES_VERSION|k8s.io/kubernetes|k8s.io/kubernetes/cmd/kube-controller-manager|k8s"
+  "kube-scheduler|$KUBERNETES_VERSION|k8s.io/kubernetes|k8s.io/kubernetes/cmd/kube-scheduler|k8s"
+  "etcd|$ETCD_VERSION|go.etcd.io/etcd/server/v3|go.etcd.io/etcd/server/v3|plain"
+  "kwok|$KWOK_VERSION|sigs.k8s.io/kwok|sigs.k8s.io/kwok/cmd/kwok|plain"
+  "helm|$HELM_VERSION|helm.sh/helm/v3|helm.sh/helm/v3/cmd/helm|plain"
+)
+if [ "$want_node" = 1 ]; then
+  tools+=(
+    "kubelet|$KUBERNETES_VERSION|k8s.io/kubernetes|k8s.io/kubernetes/cmd/kubelet|k8s"
+    "kube-proxy|$KUBERNETES_VERSION|k8s.io/kubernetes|k8s.io/kubernetes/cmd/kube-proxy|k8s"
+    "coredns|$COREDNS_VERSION|github.com/coredns/coredns|github.com/coredns/coredns|plain"
+  )
+fi
+
+n=${#tools[@]} k=0 built=0
+mkdir -p "$CACHE/bin" "$CACHE/logs" "$CACHE/src"
+for entry in "${tools[@]}"; do
+  IFS='|' read -r name ver mod pkg kind <<<"$entry"
+  k=$((k + 1))
+  out="$CACHE/bin/$name-$ver/$name"
+  if [ -x "$out" ]; then
+    say "[$k/$n] $name $ver: cached at $out"
+    continue
+  fi
+  say "[$k/$n] $name $ver: building from $mod (a cold build on 2 cores takes minutes)"
+  src="$CACHE/src/${mod//\//_}-$ver"
+  replaces=()
+  if [ "$mod" = k8s.io/kubernetes ]; then
+    for s in "${k8s_staging[@]}"; do replaces+=("k8s.io/$s => k8s.io/$s v0.${ver#v1.}"); done
+  fi
+  gomodule "$src" "$mod" "$ver" "${replaces[@]}"
+  ldflags="-s -w"
+  [ "$kind" = k8s ] && ldflags=$(k8s_ldflags)
+  if [ "$name" = etcd ]; then
+    ldflags+=" -X go.etcd.io/etcd/api/v3/version.GitSHA=${ver}"
+  fi
+  mkdir -p "$(dirname "$out")"
+  run_logged "$CACHE/logs/$name-$ver.log" "building $name" \
+    bash -c "cd '$src' && go mod download $mod && go build -mod=mod -o '$out.tmp' -ldflags '$ldflags' '$pkg' && mv '$out.tmp' '$out'"
+  built=$((built + 1))
+done
+say "all $n tools ready in $CACHE/bin ($built built, $((n - built)) cached)"

@@ -1,0 +1,277 @@
+"""Pure builders: a parsed DDPJob in, the Kubernetes objects of its children (plain dicts) out.
+
+Nothing here talks to the API server, so every child can be checked by unit and golden tests. Owner
+references are added at creation time (kube.py, with kopf.adopt), not here.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ddpjob_operator import names
+from ddpjob_operator.spec import API_VERSION, GROUP, PLURAL, WORKER_CONTAINER, DDPJob
+from ddpjob_worker.contract import WorkerEnv
+
+Obj = dict[str, Any]
+
+#: Grace period given to a worker pod when the template sets none: the checkpoint library's SIGTERM path
+#: needs time to write one last checkpoint.
+DEFAULT_GRACE_SECONDS = 90
+#: Part of the grace period reserved for torchrun and the kubelet after the final checkpoint.
+GRACE_RESERVE_SECONDS = 30
+CHECKPOINT_VOLUME = "checkpoints"
+
+
+def rdzv_endpoint(job: DDPJob) -> str:
+    """host:port of the rendezvous store, resolvable through the headless Service."""
+    host = f"{names.rendezvous_pod_name(job.name)}.{names.service_name(job.name)}.{job.namespace}.svc"
+    return f"{host}:{job.spec.rendezvous.port}"
+
+
+def rdzv_conf(job: DDPJob) -> str:
+    """torchrun --rdzv-conf: the store lives in the rendezvous pod (is_host=false), plus the timeouts."""
+    r = job.spec.rendezvous
+    return (
+        f"is_host=false,join_timeout={r.join_timeout_seconds},"
+        f"last_call_timeout={r.last_call_seconds},close_timeout={r.close_timeout_seconds}"
+    )
+
+
+def claim_name(job: DDPJob) -> str | None:
+    """The PVC the workers mount, or None when checkpoints live in a per-pod emptyDir."""
+    ckpt = job.spec.checkpoint
+    if ckpt.existing_claim:
+        return ckpt.existing_claim
+    if ckpt.volume_claim is not None:
+        return names.pvc_name(job.name)
+    return None
+
+
+def worker_container_index(containers: list[Obj]) -> int:
+    """Index of the training container: the one named 'worker', else the only one (spec.py guarantees it)."""
+    for i, c in enumerate(containers):
+        if c.get("name") == WORKER_CONTAINER:
+            return i
+    return 0
+
+
+def _merge_env(user: list[Obj], contract: dict[str, str]) -> list[Obj]:
+    # The contract wins over a user variable of the same name: a stale PET_RDZV_ENDPOINT copied from another
+    # job would silently join the wrong rendezvous.
+    kept = [e for e in user if e.get("name") not in contract]
+    return kept + [{"name": k, "value": v} for k, v in contract.items()]
+
+
+def build_worker_pod(job: DDPJob, index: int, generation: int = 0) -> Obj:
+    """Worker pod ``<job>-worker-<index>`` from the template, with the env contract, volume and DNS identity."""
+    template = copy.deepcopy(job.spec.template)
+    meta: Obj = template.get("metadata") or {}
+    pod_spec: Obj = template.get("spec") or {}
+    name = names.worker_pod_name(job.name, index)
+    labels = {
+        **(meta.get("labels") or {}),
+        **names.job_labels(job.name),
+        names.LABEL_REPLICA_TYPE: names.TYPE_WORKER,
+        names.LABEL_REPLICA_INDEX: str(index),
+        names.LABEL_RESTART_GENERATION: str(generation),
+    }
+    grace = int(pod_spec.get("terminationGracePeriodSeconds") or DEFAULT_GRACE_SECONDS)
+    env = WorkerEnv(
+        job_name=job.name,
+        namespace=job.namespace,
+        job_uid=job.uid,
+        worker_index=index,
+        min_nodes=job.spec.min_replicas,
+        max_nodes=job.spec.max_replicas,
+        nproc_per_node=job.spec.nproc_per_node,
+        rdzv_endpoint=rdzv_endpoint(job),
+        max_restarts=job.spec.max_restarts,
+        checkpoint_dir=job.spec.checkpoint.mount_path,
+        rdzv_conf=rdzv_conf(job),
+        sigterm_budget_seconds=max(1, grace - GRACE_RESERVE_SECONDS),
+        report_progress=True,
+    ).to_env()
+    containers: list[Obj] = pod_spec.get("containers") or []
+    wi = worker_container_index(containers)
+    worker = containers[wi]
+    worker.setdefault("name", WORKER_CONTAINER)
+    worker["env"] = _merge_env(worker.get("env") or [], env)
+    # The planner copies this message into the Failed condition; logs are the fallback when the program
+    # wrote no /dev/termination-log.
+    worker.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    mounts = [m for m in worker.get("volumeMounts") or [] if m.get("name") != CHECKPOINT_VOLUME]
+    worker["volumeMounts"] = [*mounts, {"name": CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.mount_path}]
+    claim = claim_name(job)
+    volume: Obj = (
+        {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
+        if claim
+        else {"name": CHECKPOINT_VOLUME, "emptyDir": {}}
+    )
+    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != CHECKPOINT_VOLUME]
+    pod_spec.update(
+        containers=containers,
+        volumes=[*volumes, volume],
+        hostname=name,
+        subdomain=names.service_name(job.name),
+        # The operator, not the kubelet, replaces failed workers: it must see each exit code to apply the
+        # run policy and count restarts across the whole job.
+        restartPolicy="Never",
+        terminationGracePeriodSeconds=grace,
+    )
+    pod_spec.setdefault("serviceAccountName", names.worker_service_account_name(job.name))
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": job.namespace,
+            "labels": labels,
+            "annotations": dict(meta.get("annotations") or {}),
+        },
+        "spec": pod_spec,
+    }
+
+
+def build_rendezvous_pod(job: DDPJob) -> Obj:
+    """Pod ``<job>-rdzv`` serving the c10d store, in the worker image, scheduled like the workers."""
+    tmpl_spec: Obj = job.spec.template.get("spec") or {}
+    containers: list[Obj] = tmpl_spec.get("containers") or []
+    worker = containers[worker_container_index(containers)]
+    name = names.rendezvous_pod_name(job.name)
+    port = job.spec.rendezvous.port
+    container: Obj = {
+        "name": "rendezvous",
+        "image": worker["image"],
+        "command": ["python", "-m", "ddpjob_worker.rdzv", "--port", str(port)],
+        "ports": [{"name": "rdzv", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 5},
+        # Small and fixed: the store holds only rendezvous keys; it needs no GPU even for GPU jobs.
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+    }
+    if worker.get("imagePullPolicy"):
+        container["imagePullPolicy"] = worker["imagePullPolicy"]
+    spec: Obj = {
+        "containers": [container],
+        "hostname": name,
+        "subdomain": names.service_name(job.name),
+        # A crashed store restarts in place (same IP and DNS name); the operator recreates a lost pod.
+        "restartPolicy": "Always",
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 5,
+    }
+    for key in ("imagePullSecrets", "nodeSelector", "tolerations", "priorityClassName", "securityContext"):
+        if key in tmpl_spec:
+            spec[key] = copy.deepcopy(tmpl_spec[key])
+    labels = {**names.job_labels(job.name), names.LABEL_REPLICA_TYPE: names.TYPE_RENDEZVOUS}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": job.namespace, "labels": labels},
+        "spec": spec,
+    }
+
+
+def build_service(job: DDPJob) -> Obj:
+    """Headless Service giving every pod a stable DNS name, published before the pods are Ready."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": names.service_name(job.name),
+            "namespace": job.namespace,
+            "labels": names.job_labels(job.name),
+        },
+        "spec": {
+            "clusterIP": "None",
+            # Workers resolve each other and the store while still starting (pytorch#73682): no nslookup
+            # init-container hacks needed.
+            "publishNotReadyAddresses": True,
+            "selector": {names.LABEL_JOB_NAME: job.name},
+            "ports": [{"name": "rdzv", "port": job.spec.rendezvous.port, "targetPort": job.spec.rendezvous.port}],
+        },
+    }
+
+
+def build_pvc(job: DDPJob) -> Obj | None:
+    """Checkpoint PVC ``<job>-checkpoints``, or None when the job uses an existing claim or none."""
+    vc = job.spec.checkpoint.volume_claim
+    if vc is None or job.spec.checkpoint.existing_claim:
+        return None
+    spec: Obj = {"accessModes": list(vc.access_modes), "resources": {"requests": {"storage": vc.size}}}
+    if vc.storage_class_name:
+        spec["storageClassName"] = vc.storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": names.pvc_name(job.name), "namespace": job.namespace, "labels": names.job_labels(job.name)},
+        "spec": spec,
+    }
+
+
+def build_service_account(job: DDPJob) -> Obj:
+    """Per-job ServiceAccount of the workers (per job, so its Role can name exactly one DDPJob)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {
+            "name": names.worker_service_account_name(job.name),
+            "namespace": job.namespace,
+            "labels": names.job_labels(job.name),
+        },
+    }
+
+
+def build_role(job: DDPJob) -> Obj:
+    """Role allowing only ``patch`` of this one DDPJob's status (rank 0 reports progress)."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {
+            "name": names.worker_service_account_name(job.name),
+            "namespace": job.namespace,
+            "labels": names.job_labels(job.name),
+        },
+        "rules": [
+            {
+                "apiGroups": [GROUP],
+                "resources": [f"{PLURAL}/status"],
+                "resourceNames": [job.name],
+                "verbs": ["patch"],
+            }
+        ],
+    }
+
+
+def build_role_binding(job: DDPJob) -> Obj:
+    """Binds the worker ServiceAccount to its Role."""
+    name = names.worker_service_account_name(job.name)
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": job.namespace, "labels": names.job_labels(job.name)},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
+    }
+
+
+def build_static_children(job: DDPJob) -> list[Obj]:
+    """Children created once per job, in dependency order (RBAC before the pods that use it)."""
+    objs = [build_service_account(job), build_role(job), build_role_binding(job), build_service(job)]
+    pvc = build_pvc(job)
+    if pvc is not None:
+        objs.append(pvc)
+    return objs
+
+
+def owner_reference(job_body: Obj) -> Obj:
+    """A controller ownerReference to the DDPJob (what kopf.adopt would add), for pure tests and goldens."""
+    meta = job_body["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DDPJob",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }

@@ -1,0 +1,56 @@
+"""Names and labels of a DDPJob's children: one place, so builders, the planner and tests agree."""
+
+from __future__ import annotations
+
+from ddpjob_operator.spec import GROUP
+
+LABEL_JOB_NAME = f"{GROUP}/job-name"
+LABEL_REPLICA_TYPE = f"{GROUP}/replica-type"
+LABEL_REPLICA_INDEX = f"{GROUP}/replica-index"
+LABEL_RESTART_GENERATION = f"{GROUP}/restart-generation"
+
+TYPE_WORKER = "worker"
+TYPE_RENDEZVOUS = "rendezvous"
+
+#: The field manager the operator's writes carry (server-side bookkeeping, `kubectl get --show-managed-fields`).
+FIELD_MANAGER = "ddpjob-operator"
+
+
+def service_name(job: str) -> str:
+    """The headless Service; it is also the pods' subdomain."""
+    return job
+
+
+def worker_pod_name(job: str, index: int) -> str:
+    """Deterministic worker pod name: creating it twice is a harmless 409, never a duplicate."""
+    return f"{job}-worker-{index}"
+
+
+def rendezvous_pod_name(job: str) -> str:
+    """The pod that serves the c10d TCPStore."""
+    return f"{job}-rdzv"
+
+
+def pvc_name(job: str) -> str:
+    """The checkpoint PVC the operator creates when spec.checkpoint.volumeClaim is set."""
+    return f"{job}-checkpoints"
+
+
+def worker_service_account_name(job: str) -> str:
+    """ServiceAccount (and Role/RoleBinding) rank 0 uses to patch its own DDPJob's status."""
+    return f"{job}-worker"
+
+
+def job_labels(job: str) -> dict[str, str]:
+    """Labels every child carries; the Service and the scale subresource select on LABEL_JOB_NAME."""
+    return {
+        LABEL_JOB_NAME: job,
+        "app.kubernetes.io/name": "ddpjob",
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/managed-by": "ddpjob-operator",
+    }
+
+
+def selector(job: str) -> str:
+    """Label selector string of the job's worker pods (status.selector, for the scale subresource)."""
+    return f"{LABEL_JOB_NAME}={job},{LABEL_REPLICA_TYPE}={TYPE_WORKER}"

@@ -1,0 +1,213 @@
+"""The typed DDPJob spec: parsed once at the boundary (operator handlers and `ddpjob run`), so every later
+step works on validated values. The CRD's OpenAPI schema and CEL rules reject most bad input at the API
+server; this model catches what a schema cannot express and gives the same clear, field-named messages
+to local runs, which have no API server."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "ddpjob.io"
+VERSION = "v1alpha1"
+KIND = "DDPJob"
+PLURAL = "ddpjobs"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+#: The container in the pod template that runs torchrun; a template with one container may leave it unnamed.
+WORKER_CONTAINER = "worker"
+
+
+class InvalidSpec(ValueError):
+    """A DDPJob spec the operator cannot run; ``field`` is its path (``spec.elastic.maxReplicas``)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, str_strip_whitespace=True
+    )
+
+
+class Elastic(_Model):
+    """Elastic range: torchrun runs with ``--nnodes=minReplicas:maxReplicas``."""
+
+    min_replicas: int = Field(ge=1, description="Fewest workers the job keeps training with.")
+    max_replicas: int = Field(ge=1, description="Most workers; the scale subresource may not go above it.")
+
+
+class VolumeClaim(_Model):
+    """A PVC the operator creates for checkpoints."""
+
+    size: str = Field(default="10Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
+    storage_class_name: str | None = None
+    access_modes: tuple[str, ...] = ("ReadWriteOnce",)
+
+
+class Checkpoint(_Model):
+    """Where checkpoints live: a PVC the operator creates, an existing claim, or none (emptyDir-less runs)."""
+
+    mount_path: str = Field(default="/checkpoints", pattern=r"^/")
+    volume_claim: VolumeClaim | None = None
+    existing_claim: str | None = None
+    retain_on_delete: bool = Field(default=True, description="Keep the created PVC after the DDPJob is deleted.")
+    keep: int = Field(default=3, ge=1, description="How many valid checkpoints the library keeps.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Checkpoint:
+        if self.volume_claim is not None and self.existing_claim is not None:
+            raise ValueError("set volumeClaim (the operator creates a PVC) or existingClaim, not both")
+        return self
+
+
+class Rendezvous(_Model):
+    """The c10d rendezvous store (served by the job's rendezvous pod)."""
+
+    port: int = Field(default=29400, ge=1024, le=65535)
+    join_timeout_seconds: int = Field(default=600, ge=1)
+    last_call_seconds: int = Field(default=15, ge=0)
+    close_timeout_seconds: int = Field(default=60, ge=1)
+
+
+CleanPodPolicy = Literal["None", "Running", "All"]
+
+
+class RunPolicy(_Model):
+    """How failures, time and suspension are handled."""
+
+    backoff_limit: int = Field(default=6, ge=0, description="Pod replacements allowed before the job fails.")
+    retryable_exit_codes: tuple[int, ...] | None = Field(
+        default=None, description="Exit codes that replace the pod; default: 128+signal codes (>=128)."
+    )
+    permanent_exit_codes: tuple[int, ...] | None = Field(
+        default=None, description="Exit codes that fail the job at once; default: 1-127."
+    )
+    active_deadline_seconds: int | None = Field(default=None, ge=1)
+    ttl_seconds_after_finished: int | None = Field(default=None, ge=0)
+    clean_pod_policy: CleanPodPolicy = "Running"
+    suspend: bool = False
+    terminating_node_timeout_seconds: int = Field(
+        default=300, ge=0, description="Force-delete a pod stuck Terminating on a NotReady node after this."
+    )
+
+    @model_validator(mode="after")
+    def _codes(self) -> RunPolicy:
+        both = set(self.retryable_exit_codes or ()) & set(self.permanent_exit_codes or ())
+        if both:
+            raise ValueError(f"exit codes {sorted(both)} are both retryable and permanent; list each once")
+        for code in (*(self.retryable_exit_codes or ()), *(self.permanent_exit_codes or ())):
+            if not 1 <= code <= 255:
+                raise ValueError(f"exit code {code} is out of range: use 1..255 (0 is success)")
+        return self
+
+
+class DDPJobSpec(_Model):
+    """What a user asks for."""
+
+    replicas: int = Field(ge=1, description="Desired worker pods (the scale subresource writes this).")
+    elastic: Elastic | None = None
+    nproc_per_node: str = Field(default="auto", description="auto | gpu | cpu | N (torchrun --nproc-per-node).")
+    max_restarts: int = Field(default=3, ge=0, description="torchrun's in-pod restarts of the worker group.")
+    template: dict[str, Any] = Field(description="Pod template for every worker (a PodTemplateSpec).")
+    checkpoint: Checkpoint = Checkpoint()
+    rendezvous: Rendezvous = Rendezvous()
+    run_policy: RunPolicy = RunPolicy()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nproc_as_string(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and isinstance(data.get("nprocPerNode"), int):
+            return {**data, "nprocPerNode": str(data["nprocPerNode"])}
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> DDPJobSpec:
+        nproc = self.nproc_per_node
+        if nproc not in ("auto", "gpu", "cpu") and not (nproc.isdigit() and int(nproc) > 0):
+            raise ValueError(f"nprocPerNode={nproc!r}: use auto, gpu, cpu or a positive integer")
+        if self.elastic is not None:
+            lo, hi = self.elastic.min_replicas, self.elastic.max_replicas
+            if lo > hi:
+                raise ValueError(f"elastic.minReplicas ({lo}) is greater than elastic.maxReplicas ({hi})")
+            if not lo <= self.replicas <= hi:
+                raise ValueError(f"replicas ({self.replicas}) must lie within elastic [{lo}, {hi}]")
+        containers = (self.template.get("spec") or {}).get("containers") or []
+        if not containers:
+            raise ValueError("template.spec.containers is empty: add a container named 'worker' that runs torchrun")
+        if len(containers) > 1 and not any(c.get("name") == WORKER_CONTAINER for c in containers):
+            raise ValueError(f"template.spec.containers has several containers; name the training one '{WORKER_CONTAINER}'")
+        if not any(c.get("image") for c in containers):
+            raise ValueError("template.spec.containers[].image is empty: set the worker image")
+        return self
+
+    @property
+    def min_replicas(self) -> int:
+        """Lower bound of the worker count (replicas when not elastic)."""
+        return self.elastic.min_replicas if self.elastic else self.replicas
+
+    @property
+    def max_replicas(self) -> int:
+        """Upper bound of the worker count (replicas when not elastic)."""
+        return self.elastic.max_replicas if self.elastic else self.replicas
+
+
+class DDPJob(_Model):
+    """A parsed DDPJob: identity plus spec (status is not modelled here; it is computed, never parsed)."""
+
+    name: str
+    namespace: str
+    uid: str
+    generation: int = 0
+    spec: DDPJobSpec
+
+
+def _field_path(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1 if parts else 0:] = [f"{parts[-1] if parts else ''}[{item}]"]
+        else:
+            parts.append(to_camel(item) if "_" in item else item)
+    return ".".join(parts)
+
+
+def parse_spec(spec: Mapping[str, Any], *, prefix: str = "spec") -> DDPJobSpec:
+    """Validate a DDPJob ``spec``; raise InvalidSpec naming the first bad field and how to fix it."""
+    try:
+        return DDPJobSpec.model_validate(dict(spec))
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = tuple(x for x in first["loc"] if x not in ("function-after[_check(), DDPJobSpec]",))
+        path = _field_path(loc)
+        msg = first["msg"].removeprefix("Value error, ")
+        field = f"{prefix}.{path}" if path else prefix
+        if first["type"] == "extra_forbidden":
+            msg = "unknown field; check its spelling against docs/api.md"
+        elif first["type"] == "missing":
+            msg = "is required"
+        raise InvalidSpec(field, msg) from None
+
+
+def parse_ddpjob(obj: Mapping[str, Any]) -> DDPJob:
+    """Parse a whole DDPJob object (from the API server or a manifest file)."""
+    if obj.get("kind") not in (None, KIND):
+        raise InvalidSpec("kind", f"is {obj.get('kind')!r}, expected {KIND}")
+    meta = obj.get("metadata") or {}
+    name = meta.get("name")
+    if not name:
+        raise InvalidSpec("metadata.name", "is required")
+    spec = parse_spec(obj.get("spec") or {})
+    return DDPJob(
+        name=name,
+        namespace=meta.get("namespace") or "default",
+        uid=meta.get("uid") or "",
+        generation=int(meta.get("generation") or 0),
+        spec=spec,
+    )

@@ -1,0 +1,41 @@
+"""`python -m tests.cluster up|down|status [--dir DIR]`: the commands behind `make cluster-up` / `make cluster-down`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from tests.cluster.controlplane import REPO, ClusterState, StartError, down, up
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__)
+    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("--dir", type=Path, default=REPO / ".cluster", help="state, certs and logs (default .cluster/)")
+    args = parser.parse_args()
+    if args.command == "up":
+        t0 = time.monotonic()
+        try:
+            state = up(args.dir)
+        except StartError as err:
+            print(f"cluster-up failed: {err}", file=sys.stderr)
+            return 1
+        print(f"# control plane up in {time.monotonic() - t0:.1f}s; logs in {args.dir.resolve() / 'logs'}", flush=True)
+        # Last line by contract: callers eval it.
+        print(f"export KUBECONFIG={state.kubeconfig}")
+        return 0
+    if args.command == "down":
+        down(args.dir)
+        return 0
+    state = ClusterState.load(args.dir.resolve())
+    if state is None:
+        print("no cluster")
+        return 1
+    print(f"kubeconfig: {state.kubeconfig}\npids: {state.pids}\nports: {state.ports}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

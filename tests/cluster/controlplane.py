@@ -1,0 +1,325 @@
+"""Start and stop the local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok,
+all on loopback with free ports, state and logs under one directory so `down` can undo everything `up` did."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from tests.cluster.pki import make_pki, write_kubeconfig
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+SERVICE_CIDR = "10.96.0.0/16"
+
+#: kwok nodes: enough capacity for the benchmark's 2000 pods and for GPU requests to schedule.
+KWOK_NODES = 4
+NODE_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "1000", "nvidia.com/gpu": "8", "ephemeral-storage": "1Ti"}
+
+
+def versions() -> dict[str, str]:
+    """The pinned tool versions from hack/versions.env."""
+    out = {}
+    for line in (REPO / "hack" / "versions.env").read_text().splitlines():
+        if "=" in line and not line.lstrip().startswith("#"):
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
+def tool(name: str) -> Path:
+    """Path of a cached tool binary, building the cache first when it is missing."""
+    v = versions()
+    version = {
+        "etcd": v["ETCD_VERSION"],
+        "kwok": v["KWOK_VERSION"],
+        "helm": v["HELM_VERSION"],
+        "coredns": v["COREDNS_VERSION"],
+    }.get(name, v["KUBERNETES_VERSION"])
+    cache = Path(os.environ.get("DDPJOB_CACHE", Path.home() / ".cache" / "ddpjob"))
+    path = cache / "bin" / f"{name}-{version}" / name
+    if not path.exists():
+        proc = subprocess.run([str(REPO / "hack" / "install-tools.sh")], check=False)
+        if proc.returncode != 0 or not path.exists():
+            raise RuntimeError(f"{name} {version} is not in {path.parent} and hack/install-tools.sh could not build it")
+    return path
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (the kernel picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ClusterState:
+    """What `down` needs to undo `up`: written to <dir>/state.json as soon as each process starts."""
+
+    dir: str
+    pids: dict[str, int] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return Path(self.dir) / "kubeconfig"
+
+    def save(self) -> None:
+        (Path(self.dir) / "state.json").write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, directory: Path) -> ClusterState | None:
+        path = directory / "state.json"
+        if not path.exists():
+            return None
+        data = json.loads(path.read_text())
+        return cls(dir=data["dir"], pids=data["pids"], ports=data["ports"])
+
+
+def log(msg: str, t0: float) -> None:
+    print(f"[cluster {time.monotonic() - t0:5.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+class StartError(RuntimeError):
+    """A component did not come up; the message carries the tail of its log."""
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join("    " + ln for ln in path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "    (no log)"
+
+
+def _start(state: ClusterState, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    logs = Path(state.dir) / "logs"
+    logs.mkdir(exist_ok=True)
+    out = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it for its lifetime
+    # A new session: the components outlive `make cluster-up`, and `down` signals the whole group.
+    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    out.close()
+    state.pids[name] = proc.pid
+    state.save()
+    return proc
+
+
+def _wait(name: str, proc: subprocess.Popen[bytes], check, state: ClusterState, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    last_err = ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise StartError(f"{name} exited with code {proc.returncode}:\n{_tail(Path(state.dir) / 'logs' / f'{name}.log')}")
+        try:
+            if check():
+                return
+        except Exception as err:  # noqa: BLE001 - any failure means "not ready yet"
+            last_err = str(err)
+        time.sleep(0.2)
+    raise StartError(
+        f"{name} not ready after {timeout:.0f}s (last check: {last_err or 'not ready'}):\n"
+        f"{_tail(Path(state.dir) / 'logs' / f'{name}.log')}"
+    )
+
+
+def _https_ok(url: str, pki: Path) -> bool:
+    ctx = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+    ctx.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    ctx.check_hostname = False
+    with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+        return bool(resp.status == 200)
+
+
+def _insecure_ok(url: str) -> bool:
+    ctx = ssl._create_unverified_context()  # the components' self-signed serving certs; loopback only
+    with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
+        return bool(resp.status == 200)
+
+
+def _kubectl(state: ClusterState, *args: str, stdin: str | None = None) -> str:
+    proc = subprocess.run(
+        ["kubectl", f"--kubeconfig={state.kubeconfig}", *args], input=stdin, capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _node_manifest(i: int) -> str:
+    name = f"kwok-node-{i}"
+    capacity = "\n".join(f"    {k}: \"{v}\"" for k, v in NODE_CAPACITY.items())
+    return f"""apiVersion: v1
+kind: Node
+metadata:
+  name: {name}
+  annotations:
+    kwok.x-k8s.io/node: fake
+    node.alpha.kubernetes.io/ttl: "0"
+  labels:
+    kubernetes.io/hostname: {name}
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok
+status:
+  capacity:
+{capacity}
+  allocatable:
+{capacity}
+"""
+
+
+def up(directory: Path) -> ClusterState:
+    """Start the control plane in `directory` (created if needed); on any failure, undo what was started."""
+    t0 = time.monotonic()
+    directory = directory.resolve()
+    if (old := ClusterState.load(directory)) is not None:
+        log("a previous cluster state was found; stopping it first", t0)
+        down(directory, quiet=True, state=old)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = ClusterState(dir=str(directory))
+    try:
+        _up(state, t0)
+    except BaseException:
+        down(directory, quiet=True, state=state)
+        raise
+    log(f"ready: {KWOK_NODES} kwok nodes, apiserver https://127.0.0.1:{state.ports['apiserver']}", t0)
+    return state
+
+
+def _up(state: ClusterState, t0: float) -> None:
+    d = Path(state.dir)
+    pki = d / "pki"
+    bins = {n: str(tool(n)) for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")}
+    log("certificates", t0)
+    make_pki(pki)
+    for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok"):
+        state.ports[name] = free_port()
+    state.save()
+    write_kubeconfig(state.kubeconfig, f"https://127.0.0.1:{state.ports['apiserver']}", pki)
+
+    log("etcd", t0)
+    etcd_url = f"http://127.0.0.1:{state.ports['etcd']}"
+    etcd = _start(state, "etcd", [
+        bins["etcd"], f"--data-dir={d / 'etcd-data'}", "--name=ddpjob-local",
+        f"--listen-client-urls={etcd_url}", f"--advertise-client-urls={etcd_url}",
+        f"--listen-peer-urls=http://127.0.0.1:{state.ports['etcd-peer']}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{state.ports['etcd-peer']}",
+        f"--initial-cluster=ddpjob-local=http://127.0.0.1:{state.ports['etcd-peer']}",
+        # Test data is disposable: skipping fsync makes the apiserver several times faster on this disk.
+        "--unsafe-no-fsync", "--quota-backend-bytes=4294967296", "--log-level=warn",
+    ])
+    _wait("etcd", etcd, lambda: _insecure_ok(f"{etcd_url}/health"), state)
+
+    log("kube-apiserver", t0)
+    api = _start(state, "kube-apiserver", [
+        bins["kube-apiserver"], f"--etcd-servers={etcd_url}",
+        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={state.ports['apiserver']}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
+        "--allow-privileged=true", "--profiling=false", "--endpoint-reconciler-type=none",
+        # Enough headroom for the 500-job benchmark's burst of creates.
+        "--max-requests-inflight=1000", "--max-mutating-requests-inflight=500",
+        "--v=1",
+    ])
+    _wait("kube-apiserver", api, lambda: _https_ok(f"https://127.0.0.1:{state.ports['apiserver']}/readyz", pki), state, 90)
+
+    log("kube-controller-manager, kube-scheduler, kwok", t0)
+    kubeconfig = str(state.kubeconfig)
+    kcm = _start(state, "kube-controller-manager", [
+        bins["kube-controller-manager"], f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1", f"--secure-port={state.ports['kcm']}", "--leader-elect=false",
+        f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+        f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
+        "--use-service-account-credentials=true", "--controllers=*",
+        f"--service-cluster-ip-range={SERVICE_CIDR}", "--kube-api-qps=200", "--kube-api-burst=400",
+        "--v=1",
+    ])
+    sched = _start(state, "kube-scheduler", [
+        bins["kube-scheduler"], f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+        "--bind-address=127.0.0.1", f"--secure-port={state.ports['scheduler']}", "--leader-elect=false", "--v=1",
+    ])
+    kwok = _start(state, "kwok", [
+        bins["kwok"], f"--kubeconfig={kubeconfig}", "--manage-all-nodes=false",
+        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+        f"--config={HERE / 'kwok-stages.yaml'}", "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1",
+        f"--server-address=127.0.0.1:{state.ports['kwok']}",
+    ])
+    _wait("kube-controller-manager", kcm, lambda: _insecure_ok(f"https://127.0.0.1:{state.ports['kcm']}/healthz"), state)
+    _wait("kube-scheduler", sched, lambda: _insecure_ok(f"https://127.0.0.1:{state.ports['scheduler']}/healthz"), state)
+    _wait("kwok", kwok, lambda: _insecure_ok(f"http://127.0.0.1:{state.ports['kwok']}/healthz"), state)
+
+    log(f"{KWOK_NODES} kwok nodes", t0)
+    _kubectl(state, "apply", "-f", "-", stdin="---\n".join(_node_manifest(i) for i in range(KWOK_NODES)))
+
+    def nodes_ready() -> bool:
+        out = _kubectl(state, "get", "nodes", "-o", "jsonpath={.items[*].status.conditions[?(@.type=='Ready')].status}")
+        return out.split() == ["True"] * KWOK_NODES
+
+    _wait("kwok", kwok, nodes_ready, state, 60)
+
+    def default_sa() -> bool:
+        return bool(_kubectl(state, "get", "serviceaccount", "default", "-n", "default", "-o", "name").strip())
+
+    _wait("kube-controller-manager", kcm, default_sa, state, 60)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def down(directory: Path, *, quiet: bool = False, state: ClusterState | None = None) -> None:
+    """Stop every process `up` started (by the PIDs it recorded) and remove the cluster's state."""
+    directory = directory.resolve()
+    state = state or ClusterState.load(directory)
+    if state is None:
+        if not quiet:
+            print(f"no cluster state in {directory}; nothing to stop", file=sys.stderr)
+        return
+    # Reverse start order: clients first, etcd last, so nothing logs a storm of connection errors.
+    pids = list(reversed(state.pids.items()))
+    for _, pid in pids:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and any(_alive(pid) for _, pid in pids):
+        time.sleep(0.1)
+    for name, pid in pids:
+        if _alive(pid):
+            print(f"{name} (pid {pid}) ignored SIGTERM; killing it", file=sys.stderr)
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    # Reap our own children (when up and down run in one process, e.g. the pytest session fixture).
+    for _, pid in pids:
+        try:
+            os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+    for sub in ("etcd-data", "state.json"):
+        path = directory / sub
+        if path.is_dir():
+            subprocess.run(["rm", "-rf", str(path)], check=False)
+        elif path.exists():
+            path.unlink()
+    if not quiet:
+        print(f"cluster in {directory} stopped ({len(pids)} processes)", file=sys.stderr)

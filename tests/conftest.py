@@ -1,0 +1,128 @@
+"""Shared pytest fixtures: a session-scoped local cluster, a fresh namespace per test, and wait helpers."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+T = TypeVar("T")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test by its directory so `-m unit` / `-m integration` select whole tiers."""
+    for item in items:
+        parts = Path(str(item.fspath)).parts
+        for tier in ("unit", "integration", "e2e"):
+            if tier in parts:
+                item.add_marker(getattr(pytest.mark, tier))
+
+
+class Cluster:
+    """A live cluster reachable through `kubeconfig`."""
+
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this cluster; on failure raise with kubectl's own stderr."""
+        proc = subprocess.run(
+            ["kubectl", f"--kubeconfig={self.kubeconfig}", *args], input=stdin, capture_output=True, text=True
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+        return proc
+
+    def api(self) -> Any:
+        """A kubernetes.client.ApiClient for this cluster."""
+        from kubernetes import client, config
+
+        cfg = client.Configuration()
+        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
+        return client.ApiClient(cfg)
+
+
+def _live(kubeconfig: Path) -> bool:
+    proc = subprocess.run(
+        ["kubectl", f"--kubeconfig={kubeconfig}", "get", "--raw=/readyz", "--request-timeout=3s"],
+        capture_output=True, text=True,
+    )
+    return proc.returncode == 0
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The cluster under test: KUBECONFIG if it points at a live cluster, else a fresh local control plane.
+
+    The local one is started once per session and torn down at exit. If it cannot be built or started the
+    tests fail with the reason; they are never skipped silently.
+    """
+    env = os.environ.get("KUBECONFIG")
+    if env and _live(Path(env)):
+        yield Cluster(Path(env))
+        return
+    if env and os.environ.get("DDPJOB_REQUIRE_KUBECONFIG"):
+        pytest.fail(f"KUBECONFIG={env} does not answer /readyz and DDPJOB_REQUIRE_KUBECONFIG is set")
+    from tests.cluster.controlplane import down, up
+
+    directory = tmp_path_factory.mktemp("cluster")
+    try:
+        state = up(directory)
+    except Exception as err:  # noqa: BLE001 - reported as a failure with the component's own output
+        pytest.fail(f"could not start the local control plane: {err}", pytrace=False)
+    try:
+        yield Cluster(state.kubeconfig)
+    finally:
+        down(directory, quiet=True)
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test (its default ServiceAccount already exists), deleted afterwards."""
+    name = f"t-{request.node.name[:40].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:5]}"
+    name = "".join(c for c in name if c.isalnum() or c == "-")
+    cluster.kubectl("create", "namespace", name)
+    wait_for(
+        lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
+        timeout=30, describe=f"default ServiceAccount in {name}",
+    )
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def wait_for(
+    check: Callable[[], T | None | bool],
+    *,
+    timeout: float,
+    describe: str,
+    interval: float = 0.25,
+    state: Callable[[], object] | None = None,
+) -> T:
+    """Poll `check` until it returns something truthy; on timeout fail naming what was awaited and,
+    when `state` is given, what the world looked like at the end."""
+    deadline = time.monotonic() + timeout
+    last_exc: Exception | None = None
+    while True:
+        try:
+            result = check()
+            if result:
+                return result  # type: ignore[return-value]
+            last_exc = None
+        except Exception as exc:  # noqa: BLE001 - keep polling; reported below
+            last_exc = exc
+        if time.monotonic() >= deadline:
+            seen = ""
+            if state is not None:
+                try:
+                    seen = f"\nlast observed state:\n{state()}"
+                except Exception as exc:  # noqa: BLE001
+                    seen = f"\n(could not read state: {exc})"
+            err = f"\nlast error: {last_exc!r}" if last_exc else ""
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {describe}{err}{seen}")
+        time.sleep(interval)

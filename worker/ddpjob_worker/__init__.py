@@ -1,0 +1,1 @@
+"""ddpjob worker: torchrun entrypoint, checkpoint library, progress reporter, example trainer, local runner."""

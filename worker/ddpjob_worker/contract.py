@@ -1,0 +1,205 @@
+"""The environment contract between the operator (which writes it into every worker pod) and the worker
+(which reads it): defined once here and imported by both, so the two sides cannot drift.
+
+torchrun reads every ``PET_<ARG>`` variable as its ``--<arg>`` option, so a plain ``torchrun train.py`` in a
+worker pod already gets the job's rendezvous settings; ``ddp-worker`` reads the same variables to validate
+them and to add what torchrun does not know (checkpoint directory, job identity, progress reporting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+
+# --- torchrun's own variables (torch.distributed.run reads PET_* as defaults for its options) ---
+
+#: torchrun ``--nnodes``: ``"N"`` for a fixed job, ``"MIN:MAX"`` for an elastic one.
+PET_NNODES = "PET_NNODES"
+#: torchrun ``--nproc-per-node``: ``auto``, ``gpu``, ``cpu`` or a positive integer.
+PET_NPROC_PER_NODE = "PET_NPROC_PER_NODE"
+#: torchrun ``--rdzv-backend``; always ``c10d``.
+PET_RDZV_BACKEND = "PET_RDZV_BACKEND"
+#: torchrun ``--rdzv-endpoint``: ``host:port`` of the job's rendezvous store.
+PET_RDZV_ENDPOINT = "PET_RDZV_ENDPOINT"
+#: torchrun ``--rdzv-id``: the DDPJob's UID, unique per job (a reused job name never joins an old run,
+#: pytorch#82160) and stable across pod restarts.
+PET_RDZV_ID = "PET_RDZV_ID"
+#: torchrun ``--rdzv-conf``: ``is_host=false`` (the store lives in the rendezvous pod, not in any agent, so
+#: losing any worker pod never takes the store down, pytorch#67742) plus timeouts.
+PET_RDZV_CONF = "PET_RDZV_CONF"
+#: torchrun ``--max-restarts``: in-pod restarts of the worker group before the agent gives up.
+PET_MAX_RESTARTS = "PET_MAX_RESTARTS"
+
+# --- ddpjob's own variables ---
+
+#: Name of the DDPJob.
+DDPJOB_NAME = "DDPJOB_NAME"
+#: Namespace of the DDPJob.
+DDPJOB_NAMESPACE = "DDPJOB_NAMESPACE"
+#: UID of the DDPJob (same value as PET_RDZV_ID; kept separately so scripts need not parse torchrun's env).
+DDPJOB_UID = "DDPJOB_UID"
+#: Index of this worker pod, 0..replicas-1 (not the torch rank: ranks are assigned at each rendezvous).
+DDPJOB_WORKER_INDEX = "DDPJOB_WORKER_INDEX"
+#: Directory on the shared checkpoint volume where the checkpoint library keeps ``step-N`` folders.
+DDPJOB_CHECKPOINT_DIR = "DDPJOB_CHECKPOINT_DIR"
+#: Seconds a worker may spend writing its last checkpoint after SIGTERM (kept below the pod's grace period).
+DDPJOB_SIGTERM_BUDGET_SECONDS = "DDPJOB_SIGTERM_BUDGET_SECONDS"
+#: ``"1"`` when rank 0 should report progress into the DDPJob's status (in a cluster), else ``"0"``.
+DDPJOB_REPORT_PROGRESS = "DDPJOB_REPORT_PROGRESS"
+#: Optional: a file where rank 0 also writes its progress as JSON (``ddpjob run`` reads it for its live view;
+#: unset in pods).
+DDPJOB_PROGRESS_FILE = "DDPJOB_PROGRESS_FILE"
+#: Optional: how many checkpoints the library keeps (``spec.checkpoint.keep``); default 3.
+DDPJOB_CHECKPOINT_KEEP = "DDPJOB_CHECKPOINT_KEEP"
+#: Optional: seconds ``ddp-worker`` waits for the rendezvous host to resolve in DNS before starting torchrun
+#: anyway (pytorch#73682: a headless Service's records appear some seconds after the pod starts).
+DDPJOB_DNS_WAIT_SECONDS = "DDPJOB_DNS_WAIT_SECONDS"
+
+DEFAULT_RDZV_PORT = 29400
+DEFAULT_SIGTERM_BUDGET_SECONDS = 60
+DEFAULT_CHECKPOINT_KEEP = 3
+DEFAULT_DNS_WAIT_SECONDS = 300
+
+#: Exit code of ``ddp-worker`` when the contract is broken (EX_CONFIG from sysexits.h). The operator's
+#: default policy treats it as permanent: restarting a pod with a broken environment cannot help.
+EXIT_BAD_CONTRACT = 78
+
+_NNODES_RE = re.compile(r"^(\d+)(?::(\d+))?$")
+_ENDPOINT_RE = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}$")
+
+
+class ContractError(ValueError):
+    """The worker environment is incomplete or malformed; the message names the variable and the fix."""
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class WorkerEnv:
+    """Everything a worker pod (or a local `ddpjob run` agent) is told through its environment."""
+
+    job_name: str
+    """DDPJob name."""
+    namespace: str
+    """DDPJob namespace (``"local"`` under ``ddpjob run``)."""
+    job_uid: str
+    """DDPJob UID; also the torchrun rendezvous id."""
+    worker_index: int
+    """Index of this worker pod."""
+    min_nodes: int
+    """Lower bound of torchrun ``--nnodes`` (equal to max_nodes for a fixed-size job)."""
+    max_nodes: int
+    """Upper bound of torchrun ``--nnodes``."""
+    nproc_per_node: str
+    """torchrun ``--nproc-per-node``."""
+    rdzv_endpoint: str
+    """``host:port`` of the rendezvous store."""
+    max_restarts: int
+    """torchrun ``--max-restarts``."""
+    checkpoint_dir: str
+    """Where checkpoints are kept."""
+    rdzv_conf: str = "is_host=false"
+    """torchrun ``--rdzv-conf``."""
+    sigterm_budget_seconds: int = DEFAULT_SIGTERM_BUDGET_SECONDS
+    """Seconds allowed for the final checkpoint after SIGTERM."""
+    report_progress: bool = False
+    """Whether rank 0 patches progress into the DDPJob's status."""
+    checkpoint_keep: int = DEFAULT_CHECKPOINT_KEEP
+    """How many valid checkpoints the library keeps (``spec.checkpoint.keep``)."""
+    progress_file: str = ""
+    """Local JSON progress file for ``ddpjob run``; empty (and not exported) in pods."""
+
+    @property
+    def nnodes(self) -> str:
+        """torchrun's ``--nnodes`` value."""
+        if self.min_nodes == self.max_nodes:
+            return str(self.max_nodes)
+        return f"{self.min_nodes}:{self.max_nodes}"
+
+    def to_env(self) -> dict[str, str]:
+        """The variables to put into a worker's environment."""
+        env = {
+            PET_NNODES: self.nnodes,
+            PET_NPROC_PER_NODE: self.nproc_per_node,
+            PET_RDZV_BACKEND: "c10d",
+            PET_RDZV_ENDPOINT: self.rdzv_endpoint,
+            PET_RDZV_ID: self.job_uid,
+            PET_RDZV_CONF: self.rdzv_conf,
+            PET_MAX_RESTARTS: str(self.max_restarts),
+            DDPJOB_NAME: self.job_name,
+            DDPJOB_NAMESPACE: self.namespace,
+            DDPJOB_UID: self.job_uid,
+            DDPJOB_WORKER_INDEX: str(self.worker_index),
+            DDPJOB_CHECKPOINT_DIR: self.checkpoint_dir,
+            DDPJOB_SIGTERM_BUDGET_SECONDS: str(self.sigterm_budget_seconds),
+            DDPJOB_REPORT_PROGRESS: "1" if self.report_progress else "0",
+            DDPJOB_CHECKPOINT_KEEP: str(self.checkpoint_keep),
+        }
+        if self.progress_file:
+            env[DDPJOB_PROGRESS_FILE] = self.progress_file
+        return env
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> WorkerEnv:
+        """Parse and validate a worker environment; raise ContractError naming the first bad variable."""
+
+        def need(name: str, hint: str) -> str:
+            value = environ.get(name, "").strip()
+            if not value:
+                raise ContractError(f"{name} is not set: {hint}")
+            return value
+
+        def integer(name: str, hint: str, minimum: int = 0) -> int:
+            raw = need(name, hint)
+            try:
+                value = int(raw)
+            except ValueError:
+                raise ContractError(f"{name}={raw!r} is not an integer: {hint}") from None
+            if value < minimum:
+                raise ContractError(f"{name}={raw!r} must be >= {minimum}: {hint}")
+            return value
+
+        op_hint = "the ddpjob operator sets it in every worker pod; outside a DDPJob use `ddpjob run job.yaml`"
+        nnodes = need(PET_NNODES, "set it to N or MIN:MAX (torchrun --nnodes)")
+        match = _NNODES_RE.match(nnodes)
+        if not match:
+            raise ContractError(f"{PET_NNODES}={nnodes!r} is malformed: use N or MIN:MAX, e.g. 2 or 1:4")
+        lo = int(match.group(1))
+        hi = int(match.group(2)) if match.group(2) else lo
+        if lo < 1 or hi < lo:
+            raise ContractError(f"{PET_NNODES}={nnodes!r} needs 1 <= MIN <= MAX")
+        nproc = need(PET_NPROC_PER_NODE, "set it to auto, gpu, cpu or a positive integer")
+        if nproc not in ("auto", "gpu", "cpu") and not (nproc.isdigit() and int(nproc) > 0):
+            raise ContractError(f"{PET_NPROC_PER_NODE}={nproc!r} is invalid: use auto, gpu, cpu or a positive integer")
+        backend = environ.get(PET_RDZV_BACKEND, "c10d")
+        if backend != "c10d":
+            raise ContractError(f"{PET_RDZV_BACKEND}={backend!r} is unsupported: ddpjob uses c10d")
+        endpoint = need(PET_RDZV_ENDPOINT, f"set it to host:port of the rendezvous store; {op_hint}")
+        if not _ENDPOINT_RE.match(endpoint) or not 0 < int(endpoint.rsplit(":", 1)[1]) < 65536:
+            raise ContractError(f"{PET_RDZV_ENDPOINT}={endpoint!r} is malformed: use host:port, e.g. job-rdzv:29400")
+        uid = need(PET_RDZV_ID, f"set it to a run-unique id (the DDPJob UID); {op_hint}")
+        try:
+            budget = int(environ.get(DDPJOB_SIGTERM_BUDGET_SECONDS, str(DEFAULT_SIGTERM_BUDGET_SECONDS)))
+        except ValueError:
+            raise ContractError(f"{DDPJOB_SIGTERM_BUDGET_SECONDS} must be an integer number of seconds") from None
+        if budget < 1:
+            raise ContractError(f"{DDPJOB_SIGTERM_BUDGET_SECONDS}={budget} must be >= 1 second")
+        keep_raw = environ.get(DDPJOB_CHECKPOINT_KEEP, str(DEFAULT_CHECKPOINT_KEEP))
+        if not keep_raw.isdigit() or int(keep_raw) < 1:
+            raise ContractError(f"{DDPJOB_CHECKPOINT_KEEP}={keep_raw!r} must be a positive integer (spec.checkpoint.keep)")
+        return cls(
+            job_name=need(DDPJOB_NAME, op_hint),
+            namespace=need(DDPJOB_NAMESPACE, op_hint),
+            job_uid=environ.get(DDPJOB_UID, uid),
+            worker_index=integer(DDPJOB_WORKER_INDEX, op_hint),
+            min_nodes=lo,
+            max_nodes=hi,
+            nproc_per_node=nproc,
+            rdzv_endpoint=endpoint,
+            max_restarts=integer(PET_MAX_RESTARTS, "set it to torchrun's --max-restarts, e.g. 3"),
+            checkpoint_dir=need(DDPJOB_CHECKPOINT_DIR, "set it to a directory on the checkpoint volume"),
+            rdzv_conf=environ.get(PET_RDZV_CONF, "is_host=false"),
+            sigterm_budget_seconds=budget,
+            report_progress=environ.get(DDPJOB_REPORT_PROGRESS, "0") == "1",
+            checkpoint_keep=int(keep_raw),
+            progress_file=environ.get(DDPJOB_PROGRESS_FILE, ""),
+        )
