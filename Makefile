@@ -6,6 +6,9 @@ CLUSTER_DIR ?= .cluster
 
 .DEFAULT_GOAL := help
 
+# Area-specific targets (packaging, e2e) live beside their scripts.
+-include hack/make/*.mk
+
 .PHONY: help
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)

@@ -9,7 +9,7 @@ PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null || PY=python3
 stamp="$VENV/.ddpjob-installed"
 want=$(sha256sum pyproject.toml | cut -c1-16)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c 'import ddpjob_operator, torch' 2>/dev/null; then
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("ddpjob_operator") and u.find_spec("torch")))' 2>/dev/null; then
   exit 0
 fi
 t0=$(date +%s)

@@ -44,7 +44,9 @@ class Cluster:
         from kubernetes import client, config
 
         cfg = client.Configuration()
-        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=cfg)
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.kubeconfig), client_configuration=cfg
+        )
         return client.ApiClient(cfg)
 
 
@@ -74,7 +76,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     directory = tmp_path_factory.mktemp("cluster")
     try:
         state = up(directory)
-    except Exception as err:  # noqa: BLE001 - reported as a failure with the component's own output
+    except Exception as err:
         pytest.fail(f"could not start the local control plane: {err}", pytrace=False)
     try:
         yield Cluster(state.kubeconfig)
@@ -97,7 +99,7 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 
 
 def wait_for(
-    check: Callable[[], T | None | bool],
+    check: Callable[[], T | bool | None],
     *,
     timeout: float,
     describe: str,
@@ -114,14 +116,14 @@ def wait_for(
             if result:
                 return result  # type: ignore[return-value]
             last_exc = None
-        except Exception as exc:  # noqa: BLE001 - keep polling; reported below
+        except Exception as exc:
             last_exc = exc
         if time.monotonic() >= deadline:
             seen = ""
             if state is not None:
                 try:
                     seen = f"\nlast observed state:\n{state()}"
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     seen = f"\n(could not read state: {exc})"
             err = f"\nlast error: {last_exc!r}" if last_exc else ""
             raise AssertionError(f"timed out after {timeout:.0f}s waiting for {describe}{err}{seen}")

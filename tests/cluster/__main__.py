@@ -29,11 +29,11 @@ def main() -> int:
     if args.command == "down":
         down(args.dir)
         return 0
-    state = ClusterState.load(args.dir.resolve())
-    if state is None:
+    found = ClusterState.load(args.dir.resolve())
+    if found is None:
         print("no cluster")
         return 1
-    print(f"kubeconfig: {state.kubeconfig}\npids: {state.pids}\nports: {state.ports}")
+    print(f"kubeconfig: {found.kubeconfig}\npids: {found.pids}\nports: {found.ports}")
     return 0
 
 

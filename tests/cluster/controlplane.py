@@ -3,6 +3,7 @@ all on loopback with free ports, state and logs under one directory so `down` ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -105,23 +107,28 @@ def _start(state: ClusterState, name: str, argv: list[str]) -> subprocess.Popen[
     logs.mkdir(exist_ok=True)
     out = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it for its lifetime
     # A new session: the components outlive `make cluster-up`, and `down` signals the whole group.
-    proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+    )
     out.close()
     state.pids[name] = proc.pid
     state.save()
     return proc
 
 
-def _wait(name: str, proc: subprocess.Popen[bytes], check, state: ClusterState, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+def _wait(
+    name: str, proc: subprocess.Popen[bytes], check: Callable[[], bool], state: ClusterState, timeout: float = 60
+) -> None:
     deadline = time.monotonic() + timeout
     last_err = ""
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise StartError(f"{name} exited with code {proc.returncode}:\n{_tail(Path(state.dir) / 'logs' / f'{name}.log')}")
+            log_tail = _tail(Path(state.dir) / "logs" / f"{name}.log")
+            raise StartError(f"{name} exited with code {proc.returncode}:\n{log_tail}")
         try:
             if check():
                 return
-        except Exception as err:  # noqa: BLE001 - any failure means "not ready yet"
+        except Exception as err:
             last_err = str(err)
         time.sleep(0.2)
     raise StartError(
@@ -232,7 +239,8 @@ def _up(state: ClusterState, t0: float) -> None:
         "--max-requests-inflight=1000", "--max-mutating-requests-inflight=500",
         "--v=1",
     ])
-    _wait("kube-apiserver", api, lambda: _https_ok(f"https://127.0.0.1:{state.ports['apiserver']}/readyz", pki), state, 90)
+    readyz = f"https://127.0.0.1:{state.ports['apiserver']}/readyz"
+    _wait("kube-apiserver", api, lambda: _https_ok(readyz, pki), state, 90)
 
     log("kube-controller-manager, kube-scheduler, kwok", t0)
     kubeconfig = str(state.kubeconfig)
@@ -257,7 +265,8 @@ def _up(state: ClusterState, t0: float) -> None:
         f"--config={HERE / 'kwok-stages.yaml'}", "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1",
         f"--server-address=127.0.0.1:{state.ports['kwok']}",
     ])
-    _wait("kube-controller-manager", kcm, lambda: _insecure_ok(f"https://127.0.0.1:{state.ports['kcm']}/healthz"), state)
+    kcm_health = f"https://127.0.0.1:{state.ports['kcm']}/healthz"
+    _wait("kube-controller-manager", kcm, lambda: _insecure_ok(kcm_health), state)
     _wait("kube-scheduler", sched, lambda: _insecure_ok(f"https://127.0.0.1:{state.ports['scheduler']}/healthz"), state)
     _wait("kwok", kwok, lambda: _insecure_ok(f"http://127.0.0.1:{state.ports['kwok']}/healthz"), state)
 
@@ -295,26 +304,20 @@ def down(directory: Path, *, quiet: bool = False, state: ClusterState | None = N
     # Reverse start order: clients first, etcd last, so nothing logs a storm of connection errors.
     pids = list(reversed(state.pids.items()))
     for _, pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and any(_alive(pid) for _, pid in pids):
         time.sleep(0.1)
     for name, pid in pids:
         if _alive(pid):
             print(f"{name} (pid {pid}) ignored SIGTERM; killing it", file=sys.stderr)
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     # Reap our own children (when up and down run in one process, e.g. the pytest session fixture).
     for _, pid in pids:
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            pass
     for sub in ("etcd-data", "state.json"):
         path = directory / sub
         if path.is_dir():

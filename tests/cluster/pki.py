@@ -49,7 +49,8 @@ def make_pki(pki: Path, extra_sans: tuple[str, ...] = ()) -> None:
     _key("ca", pki)
     _openssl(
         "req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=ddpjob-local-ca", "-days", "365", "-sha256",
-        "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
+        "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
         "-out", "ca.crt", cwd=pki,
     )
     _signed_cert("apiserver", "/CN=kube-apiserver", pki, sans=APISERVER_SANS + extra_sans, server=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -32,8 +33,9 @@ spec:
 """
 
 
-def _json(cluster: Cluster, *args: str) -> dict:
-    return json.loads(cluster.kubectl(*args, "-o", "json").stdout)
+def _json(cluster: Cluster, *args: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(cluster.kubectl(*args, "-o", "json").stdout)
+    return data
 
 
 def test_server_is_the_pinned_kubernetes_version(cluster: Cluster) -> None:
@@ -72,7 +74,7 @@ def test_crd_custom_object_and_schema_rejection(cluster: Cluster, namespace: str
 def test_deployment_pod_is_scheduled_onto_a_kwok_node_and_runs(cluster: Cluster, namespace: str) -> None:
     cluster.kubectl("create", "deployment", "web", "--image=nginx:never-pulled", "-n", namespace)
 
-    def running_pod() -> dict | None:
+    def running_pod() -> dict[str, Any] | None:
         pods = _json(cluster, "get", "pods", "-n", namespace, "-l", "app=web")["items"]
         return next((p for p in pods if p["status"].get("phase") == "Running"), None)
 
@@ -104,7 +106,7 @@ def test_pod_driven_to_failed_with_exit_code(cluster: Cluster, namespace: str, c
     cluster.kubectl("annotate", "pod", "victim", "-n", namespace, f"ddpjob.test/exit-code={code}",
                     "ddpjob.test/termination-message=killed by test")
 
-    def failed() -> dict | None:
+    def failed() -> dict[str, Any] | None:
         pod = _json(cluster, "get", "pod", "victim", "-n", namespace)
         return pod if pod["status"].get("phase") == "Failed" else None
 
