@@ -238,6 +238,8 @@ def _up(state: ClusterState, t0: float) -> None:
         # Enough headroom for the 500-job benchmark's burst of creates.
         "--max-requests-inflight=1000", "--max-mutating-requests-inflight=500",
         "--v=1",
+        # Extra flags for measurements (bench/operator_scale.py turns on an audit log this way).
+        *os.environ.get("DDPJOB_APISERVER_EXTRA_ARGS", "").split(),
     ])
     readyz = f"https://127.0.0.1:{state.ports['apiserver']}/readyz"
     _wait("kube-apiserver", api, lambda: _https_ok(readyz, pki), state, 90)
