@@ -9,9 +9,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ddpjob_worker.contract import WorkerEnv
+
 from ddpjob_operator import names
 from ddpjob_operator.spec import API_VERSION, GROUP, PLURAL, WORKER_CONTAINER, DDPJob
-from ddpjob_worker.contract import WorkerEnv
 
 Obj = dict[str, Any]
 
@@ -64,7 +65,7 @@ def _merge_env(user: list[Obj], contract: dict[str, str]) -> list[Obj]:
 
 
 def build_worker_pod(job: DDPJob, index: int, generation: int = 0) -> Obj:
-    """Worker pod ``<job>-worker-<index>`` from the template, with the env contract, volume and DNS identity."""
+    """Worker pod ``<job>-worker-<index>`` from the template, with env contract, volume and DNS identity."""
     template = copy.deepcopy(job.spec.template)
     meta: Obj = template.get("metadata") or {}
     pod_spec: Obj = template.get("spec") or {}
@@ -88,6 +89,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0) -> Obj:
         rdzv_endpoint=rdzv_endpoint(job),
         max_restarts=job.spec.max_restarts,
         checkpoint_dir=job.spec.checkpoint.mount_path,
+        checkpoint_keep=job.spec.checkpoint.keep,
         rdzv_conf=rdzv_conf(job),
         sigterm_budget_seconds=max(1, grace - GRACE_RESERVE_SECONDS),
         report_progress=True,
@@ -101,7 +103,10 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0) -> Obj:
     # wrote no /dev/termination-log.
     worker.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
     mounts = [m for m in worker.get("volumeMounts") or [] if m.get("name") != CHECKPOINT_VOLUME]
-    worker["volumeMounts"] = [*mounts, {"name": CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.mount_path}]
+    worker["volumeMounts"] = [
+        *mounts,
+        {"name": CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.mount_path},
+    ]
     claim = claim_name(job)
     volume: Obj = (
         {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
@@ -204,7 +209,11 @@ def build_pvc(job: DDPJob) -> Obj | None:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": names.pvc_name(job.name), "namespace": job.namespace, "labels": names.job_labels(job.name)},
+        "metadata": {
+            "name": names.pvc_name(job.name),
+            "namespace": job.namespace,
+            "labels": names.job_labels(job.name),
+        },
         "spec": spec,
     }
 

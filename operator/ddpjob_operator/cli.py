@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -11,25 +12,27 @@ app = typer.Typer(no_args_is_help=True, help="ddpjob: fault-tolerant PyTorch DDP
 
 @app.command()
 def operator(
-    namespace: list[str] = typer.Option(  # noqa: B008 - typer's documented style
-        [], "--namespace", "-n", help="Watch only these namespaces (default: all namespaces)."
-    ),
-    metrics_port: int = typer.Option(8080, help="Port of the Prometheus /metrics endpoint (0 disables it)."),
-    liveness_port: int = typer.Option(8081, help="Port of kopf's /healthz liveness endpoint (0 disables it)."),
+    namespace: Annotated[
+        list[str] | None,
+        typer.Option("--namespace", "-n", help="Watch only these namespaces (default: all namespaces)."),
+    ] = None,
+    metrics_port: Annotated[int, typer.Option(help="Port of the Prometheus /metrics endpoint (0 disables it).")] = 8080,
+    liveness_port: Annotated[int, typer.Option(help="Port of kopf's /healthz liveness endpoint (0 off).")] = 8081,
 ) -> None:
     """Run the ddpjob operator against the current kubeconfig (or in-cluster config)."""
     from ddpjob_operator.main import run_operator  # imported late: `ddpjob run` needs no kopf start-up
 
-    raise typer.Exit(run_operator(namespaces=namespace, metrics_port=metrics_port, liveness_port=liveness_port))
+    raise typer.Exit(run_operator(namespaces=namespace or [], metrics_port=metrics_port, liveness_port=liveness_port))
 
 
 @app.command()
 def run(
-    manifest: Path = typer.Argument(..., exists=True, dir_okay=False, help="A DDPJob YAML manifest."),
-    workdir: Path = typer.Option(Path(".ddpjob-local"), help="Where local checkpoints and logs are kept."),
-    kill_after: float | None = typer.Option(
-        None, help="Fault injection: SIGKILL one worker's training process after this many seconds."
-    ),
+    manifest: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="A DDPJob YAML manifest.")],
+    workdir: Annotated[Path, typer.Option(help="Where local checkpoints and logs are kept.")] = Path(".ddpjob-local"),
+    kill_after: Annotated[
+        float | None,
+        typer.Option(help="Fault injection: SIGKILL one worker's training process after this many seconds."),
+    ] = None,
 ) -> None:
     """Run a DDPJob manifest locally: one torchrun agent per replica on localhost, no Kubernetes."""
     from ddpjob_worker.local import run_local  # imported late: the operator image has no torch
@@ -43,3 +46,7 @@ def version() -> None:
     from importlib.metadata import version as _v
 
     typer.echo(_v("ddpjob"))
+
+
+if __name__ == "__main__":
+    app()

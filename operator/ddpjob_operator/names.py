@@ -12,7 +12,7 @@ LABEL_RESTART_GENERATION = f"{GROUP}/restart-generation"
 TYPE_WORKER = "worker"
 TYPE_RENDEZVOUS = "rendezvous"
 
-#: The field manager the operator's writes carry (server-side bookkeeping, `kubectl get --show-managed-fields`).
+#: The field manager of the operator's writes (`kubectl get --show-managed-fields` names it).
 FIELD_MANAGER = "ddpjob-operator"
 
 

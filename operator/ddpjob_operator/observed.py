@@ -85,9 +85,7 @@ class PodView:
         statuses = status.get("containerStatuses") or []
         worker = next((c for c in statuses if c.get("name") == WORKER_CONTAINER), statuses[0] if statuses else {})
         term = (worker.get("state") or {}).get("terminated") or (worker.get("lastState") or {}).get("terminated")
-        ready = any(
-            c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
-        )
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
         return cls(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),

@@ -5,6 +5,7 @@ to local runs, which have no API server."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -16,6 +17,11 @@ VERSION = "v1alpha1"
 KIND = "DDPJob"
 PLURAL = "ddpjobs"
 API_VERSION = f"{GROUP}/{VERSION}"
+
+#: Longest DDPJob name: pods are named ``<name>-worker-<index>`` and that name is also the pod's host name,
+#: a DNS label of at most 63 characters (the CRD enforces the same bound).
+MAX_NAME_LENGTH = 45
+_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 #: The container in the pod template that runs torchrun; a template with one container may leave it unnamed.
 WORKER_CONTAINER = "worker"
@@ -32,7 +38,11 @@ class InvalidSpec(ValueError):
 
 class _Model(BaseModel):
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True, str_strip_whitespace=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        str_strip_whitespace=True,
     )
 
 
@@ -142,7 +152,9 @@ class DDPJobSpec(_Model):
         if not containers:
             raise ValueError("template.spec.containers is empty: add a container named 'worker' that runs torchrun")
         if len(containers) > 1 and not any(c.get("name") == WORKER_CONTAINER for c in containers):
-            raise ValueError(f"template.spec.containers has several containers; name the training one '{WORKER_CONTAINER}'")
+            raise ValueError(
+                f"template.spec.containers has several containers; name the training one '{WORKER_CONTAINER}'"
+            )
         if not any(c.get("image") for c in containers):
             raise ValueError("template.spec.containers[].image is empty: set the worker image")
         return self
@@ -172,7 +184,7 @@ def _field_path(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for item in loc:
         if isinstance(item, int):
-            parts[-1 if parts else 0:] = [f"{parts[-1] if parts else ''}[{item}]"]
+            parts[-1 if parts else 0 :] = [f"{parts[-1] if parts else ''}[{item}]"]
         else:
             parts.append(to_camel(item) if "_" in item else item)
     return ".".join(parts)
@@ -203,6 +215,12 @@ def parse_ddpjob(obj: Mapping[str, Any]) -> DDPJob:
     name = meta.get("name")
     if not name:
         raise InvalidSpec("metadata.name", "is required")
+    if len(name) > MAX_NAME_LENGTH or not _NAME_RE.match(name):
+        raise InvalidSpec(
+            "metadata.name",
+            f"{name!r} must be a lowercase DNS label (a-z, 0-9, '-', starting with a letter) of at most "
+            f"{MAX_NAME_LENGTH} characters: worker pods are named <name>-worker-<index>",
+        )
     spec = parse_spec(obj.get("spec") or {})
     return DDPJob(
         name=name,

@@ -160,6 +160,18 @@ def _kubectl(state: ClusterState, *args: str, stdin: str | None = None) -> str:
     return proc.stdout
 
 
+#: The default StorageClass: kube-controller-manager's hostPath provisioner (under /tmp/hostpath_pv).
+STORAGE_CLASS = """apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: standard
+  annotations: {storageclass.kubernetes.io/is-default-class: "true"}
+provisioner: kubernetes.io/host-path
+reclaimPolicy: Delete
+volumeBindingMode: Immediate
+"""
+
+
 def _node_manifest(i: int) -> str:
     name = f"kwok-node-{i}"
     capacity = "\n".join(f"    {k}: \"{v}\"" for k, v in NODE_CAPACITY.items())
@@ -183,8 +195,11 @@ status:
 """
 
 
-def up(directory: Path) -> ClusterState:
-    """Start the control plane in `directory` (created if needed); on any failure, undo what was started."""
+def up(directory: Path, real_node: bool = False) -> ClusterState:
+    """Start the control plane in `directory` (created if needed); on any failure, undo what was started.
+
+    real_node: also run a real node (tests/cluster/node.py): the apiserver then binds and advertises the node's
+    bridge address so pods reach it through the `kubernetes` Service."""
     t0 = time.monotonic()
     directory = directory.resolve()
     if (old := ClusterState.load(directory)) is not None:
@@ -193,24 +208,41 @@ def up(directory: Path) -> ClusterState:
     directory.mkdir(parents=True, exist_ok=True)
     state = ClusterState(dir=str(directory))
     try:
-        _up(state, t0)
+        host = "127.0.0.1"
+        if real_node:
+            from tests.cluster import node
+
+            host = node.prepare(directory, t0)
+        _up(state, t0, host)
+        if real_node:
+            node.start(state, t0)
     except BaseException:
         down(directory, quiet=True, state=state)
         raise
-    log(f"ready: {KWOK_NODES} kwok nodes, apiserver https://127.0.0.1:{state.ports['apiserver']}", t0)
+    log(f"ready: {KWOK_NODES} kwok nodes, apiserver {_server(state)}", t0)
     return state
 
 
-def _up(state: ClusterState, t0: float) -> None:
+def _server(state: ClusterState) -> str:
+    for line in state.kubeconfig.read_text().splitlines():
+        if line.strip().startswith("server:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
     d = Path(state.dir)
+    # With a real node the apiserver listens on the node's bridge address so pods reach it (node.py publishes it as
+    # the `kubernetes` Service's endpoint; the lease reconciler would hang the apiserver's shutdown once etcd is gone).
+    real = host != "127.0.0.1"
     pki = d / "pki"
     bins = {n: str(tool(n)) for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")}
     log("certificates", t0)
-    make_pki(pki)
+    make_pki(pki, extra_sans=(f"IP:{host}",) if real else ())
     for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok"):
         state.ports[name] = free_port()
     state.save()
-    write_kubeconfig(state.kubeconfig, f"https://127.0.0.1:{state.ports['apiserver']}", pki)
+    write_kubeconfig(state.kubeconfig, f"https://{host}:{state.ports['apiserver']}", pki)
 
     log("etcd", t0)
     etcd_url = f"http://127.0.0.1:{state.ports['etcd']}"
@@ -228,20 +260,24 @@ def _up(state: ClusterState, t0: float) -> None:
     log("kube-apiserver", t0)
     api = _start(state, "kube-apiserver", [
         bins["kube-apiserver"], f"--etcd-servers={etcd_url}",
-        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={state.ports['apiserver']}",
+        f"--bind-address={host}", f"--advertise-address={host}", f"--secure-port={state.ports['apiserver']}",
         f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
         f"--client-ca-file={pki / 'ca.crt'}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
         "--allow-privileged=true", "--profiling=false", "--endpoint-reconciler-type=none",
+        # logs/exec on the real node: the kubelet authenticates the apiserver by a cert from the cluster CA.
+        # InternalIP first: the node's name is not in any DNS the apiserver uses.
+        *([f"--kubelet-client-certificate={pki / 'admin.crt'}", f"--kubelet-client-key={pki / 'admin.key'}",
+           "--kubelet-preferred-address-types=InternalIP,Hostname"] if real else []),
         # Enough headroom for the 500-job benchmark's burst of creates.
         "--max-requests-inflight=1000", "--max-mutating-requests-inflight=500",
         "--v=1",
         # Extra flags for measurements (bench/operator_scale.py turns on an audit log this way).
         *os.environ.get("DDPJOB_APISERVER_EXTRA_ARGS", "").split(),
     ])
-    readyz = f"https://127.0.0.1:{state.ports['apiserver']}/readyz"
+    readyz = f"https://{host}:{state.ports['apiserver']}/readyz"
     _wait("kube-apiserver", api, lambda: _https_ok(readyz, pki), state, 90)
 
     log("kube-controller-manager, kube-scheduler, kwok", t0)
@@ -253,6 +289,8 @@ def _up(state: ClusterState, t0: float) -> None:
         f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
         f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
         "--use-service-account-credentials=true", "--controllers=*",
+        # In-tree dynamic provisioning for the default StorageClass below: PVCs bind without a CSI driver.
+        "--enable-hostpath-provisioner=true",
         f"--service-cluster-ip-range={SERVICE_CIDR}", "--kube-api-qps=200", "--kube-api-burst=400",
         "--v=1",
     ])
@@ -280,6 +318,7 @@ def _up(state: ClusterState, t0: float) -> None:
         return out.split() == ["True"] * KWOK_NODES
 
     _wait("kwok", kwok, nodes_ready, state, 60)
+    _kubectl(state, "apply", "-f", "-", stdin=STORAGE_CLASS)
 
     def default_sa() -> bool:
         return bool(_kubectl(state, "get", "serviceaccount", "default", "-n", "default", "-o", "name").strip())
@@ -288,6 +327,10 @@ def _up(state: ClusterState, t0: float) -> None:
 
 
 def _alive(pid: int) -> bool:
+    # Reap it if it is our own exited child (up and down in one process): a zombie still answers kill(pid, 0).
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -298,6 +341,21 @@ def _alive(pid: int) -> bool:
 def down(directory: Path, *, quiet: bool = False, state: ClusterState | None = None) -> None:
     """Stop every process `up` started (by the PIDs it recorded) and remove the cluster's state."""
     directory = directory.resolve()
+    if (directory / "node" / "state.json").exists():
+        # A real node: its containers and processes first (the kubelet would restart what we kill); its bridge,
+        # which holds the apiserver's address, and its other host changes only once the control plane is down.
+        from tests.cluster import node
+
+        node.stop(directory)
+        try:
+            _down(directory, quiet, state)
+        finally:
+            node.down(directory, quiet=quiet)
+        return
+    _down(directory, quiet, state)
+
+
+def _down(directory: Path, quiet: bool, state: ClusterState | None) -> None:
     state = state or ClusterState.load(directory)
     if state is None:
         if not quiet:

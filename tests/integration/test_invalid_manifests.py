@@ -15,10 +15,11 @@ INVALID = Path(__file__).parent / "invalid"
 CASES = sorted(INVALID.glob("*.yaml"))
 
 
-def _expectation(path: Path) -> str:
-    first = path.read_text().splitlines()[0]
-    assert first.startswith("# expect:"), f"{path.name}: first line must be '# expect: <message substring>'"
-    return first.removeprefix("# expect:").strip()
+def _header(path: Path, key: str) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith(f"# {key}:"):
+            return line.removeprefix(f"# {key}:").strip()
+    raise AssertionError(f"{path.name}: needs a '# {key}: ...' header line")
 
 
 def test_there_are_at_least_15_cases() -> None:
@@ -29,9 +30,11 @@ def test_there_are_at_least_15_cases() -> None:
 def test_invalid_manifest_is_rejected_with_a_clear_message(
     cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, path: Path
 ) -> None:
-    expected = _expectation(path)
+    expected = _header(path, "expect")
+    layer = _header(path, "rejected-by")
     text = path.read_text()
     dry = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=text, check=False)
+    assert (dry.returncode != 0) == (layer == "api-server"), f"{path.name}: expected rejection by {layer}:\n{dry.stderr}"
     if dry.returncode != 0:
         assert expected in dry.stderr, f"API server rejected {path.name}, but not with {expected!r}:\n{dry.stderr}"
         return

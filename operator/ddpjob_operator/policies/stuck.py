@@ -10,9 +10,7 @@ from datetime import datetime, timedelta
 from ddpjob_operator.observed import PodView
 
 
-def is_stuck_terminating(
-    pod: PodView, node_ready: Mapping[str, bool], timeout_seconds: int, now: datetime
-) -> bool:
+def is_stuck_terminating(pod: PodView, node_ready: Mapping[str, bool], timeout_seconds: int, now: datetime) -> bool:
     """True for a pod Terminating for longer than ``timeout_seconds`` on a node known to be NotReady
     (a node missing from ``node_ready`` is treated as NotReady: a deleted node confirms nothing either)."""
     if pod.deletion_timestamp is None or not pod.node_name:

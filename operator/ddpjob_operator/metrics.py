@@ -1,0 +1,56 @@
+"""Prometheus metrics of the operator (prometheus-client). Labels carry only small fixed sets of values
+(states, pod types, outcomes), never object names: a metric series per job would grow without bound."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+#: Buckets for durations measured in seconds from pod creation or failure to a running pod.
+_LIFECYCLE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
+
+RECONCILES = Counter("ddpjob_reconcile", "Reconcile passes of DDPJobs")
+RECONCILE_ERRORS = Counter("ddpjob_reconcile_errors", "Reconcile passes that failed and were retried", ["kind"])
+RECONCILE_DURATION = Histogram(
+    "ddpjob_reconcile_duration_seconds",
+    "Wall time of one reconcile pass (read, plan, apply, status write)",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+JOBS = Gauge("ddpjob_jobs", "DDPJobs known to this operator, by state", ["state"])
+PODS_CREATED = Counter("ddpjob_pods_created", "Pods the operator created", ["type"])
+PODS_REPLACED = Counter("ddpjob_pods_replaced", "Worker pods replaced after a failure", ["exit_class"])
+TIME_TO_ALL_RUNNING = Histogram(
+    "ddpjob_time_to_all_running_seconds",
+    "Seconds from a DDPJob's creation to all its workers running",
+    buckets=_LIFECYCLE_BUCKETS,
+)
+FAILURE_TO_REPLACEMENT = Histogram(
+    "ddpjob_failure_to_replacement_seconds",
+    "Seconds from a worker's failure to the creation of its replacement",
+    buckets=_LIFECYCLE_BUCKETS,
+)
+STATES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+
+
+def exit_class(code: int | None) -> str:
+    """A bounded label for an exit code: signal, error or unknown."""
+    if code is None:
+        return "unknown"
+    return "signal" if code >= 128 else "error"
+
+
+def move_job_state(old: str | None, new: str | None) -> None:
+    """A job changed state (None: unknown before, or deleted now)."""
+    if old in STATES:
+        JOBS.labels(state=old).dec()
+    if new in STATES:
+        JOBS.labels(state=new).inc()
+
+
+for _state in STATES:  # every state is exported from the start, at 0
+    JOBS.labels(state=_state).set(0)
+
+
+def serve(port: int) -> None:
+    """Start the /metrics HTTP endpoint on all interfaces (port 0: disabled)."""
+    if port:
+        start_http_server(port)

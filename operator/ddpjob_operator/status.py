@@ -1,0 +1,207 @@
+"""Pure status computation: the DDPJob's old status, the observed worker pods and the planner's outcome in,
+the new operator-owned status out (conditions per the Kubernetes API conventions), plus the minimal merge
+patch and the transition events.
+
+The operator owns every key in OWN_KEYS and nothing else: ``status.progress`` belongs to the worker's rank 0,
+so patches never mention it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from ddpjob_operator.observed import PodView, format_time
+
+# Condition types.
+CREATED = "Created"
+RUNNING = "Running"
+RESTARTING = "Restarting"
+SUSPENDED = "Suspended"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+CONDITION_TYPES = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
+
+OWN_KEYS = (
+    "conditions",
+    "state",
+    "observedGeneration",
+    "replicas",
+    "readyReplicas",
+    "succeededReplicas",
+    "failedReplicas",
+    "ready",
+    "restarts",
+    "countedFailures",
+    "lastFailure",
+    "startTime",
+    "completionTime",
+    "selector",
+)
+
+#: Condition types whose becoming True is a problem worth a Warning event.
+_WARNING_TYPES = (RESTARTING, FAILED)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """The planner's verdict for this pass: the job's state and why."""
+
+    state: str
+    """One of the condition types except Created: the job's headline state."""
+    reason: str
+    """CamelCase reason of the headline condition."""
+    message: str
+    """Human-readable explanation."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Counts:
+    """Everything the status records besides conditions."""
+
+    desired: int
+    restarts: int
+    counted_failures: tuple[str, ...] = ()
+    last_failure: Mapping[str, Any] | None = None
+    start_time: str | None = None
+    completion_time: str | None = None
+    selector: str = ""
+
+
+def set_condition(
+    conditions: Sequence[Mapping[str, Any]],
+    ctype: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int,
+) -> list[dict[str, Any]]:
+    """Return conditions with ``ctype`` set; lastTransitionTime moves only when the status flips."""
+    text = "True" if status else "False"
+    out: list[dict[str, Any]] = []
+    found = False
+    for cond in conditions:
+        if cond.get("type") != ctype:
+            out.append(dict(cond))
+            continue
+        found = True
+        ltt = cond.get("lastTransitionTime") if cond.get("status") == text else None
+        out.append(_condition(ctype, text, reason, message, ltt or format_time(now), generation))
+    if not found:
+        out.append(_condition(ctype, text, reason, message, format_time(now), generation))
+    return out
+
+
+def _condition(ctype: str, status: str, reason: str, message: str, ltt: str, gen: int) -> dict[str, Any]:
+    return {
+        "type": ctype,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": ltt,
+        "observedGeneration": gen,
+    }
+
+
+def condition_true(status: Mapping[str, Any], ctype: str) -> bool:
+    """Whether condition ``ctype`` is True in a status dict."""
+    return any(c.get("type") == ctype and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def get_condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | None:
+    """The condition of type ``ctype``, or None."""
+    return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), None)
+
+
+def compute_status(
+    old: Mapping[str, Any],
+    *,
+    outcome: Outcome,
+    workers: Sequence[PodView],
+    counts: Counts,
+    generation: int,
+    now: datetime,
+) -> dict[str, Any]:
+    """The new operator-owned status (every key of OWN_KEYS; None means: remove it)."""
+    conds: list[dict[str, Any]] = [dict(c) for c in old.get("conditions") or []]
+    msg = outcome.message
+
+    def put(ctype: str, status: bool, reason: str, message: str) -> None:
+        nonlocal conds
+        conds = set_condition(conds, ctype, status, reason, message, now, generation)
+
+    def clear(ctype: str, reason: str, message: str) -> None:
+        # A condition that never existed stays absent rather than appearing as False: less noise.
+        if get_condition({"conditions": conds}, ctype) is not None:
+            put(ctype, False, reason, message)
+
+    state, reason = outcome.state, outcome.reason
+    if reason != "InvalidSpec":  # an invalid job never had anything created
+        put(CREATED, True, "JobCreated", "the operator accepted the DDPJob and manages its pods")
+    if state == RUNNING:
+        put(RUNNING, True, reason, msg)
+        clear(RESTARTING, "WorkersRecovered", "all workers are running again")
+    elif state == CREATED:
+        put(RUNNING, False, reason, msg)
+    elif state == RESTARTING:
+        put(RESTARTING, True, reason, msg)
+        put(RUNNING, False, reason, msg)
+    elif state == SUSPENDED:
+        put(SUSPENDED, True, reason, msg)
+        clear(RUNNING, reason, msg)
+        clear(RESTARTING, reason, msg)
+    elif state in (SUCCEEDED, FAILED):
+        put(state, True, reason, msg)
+        clear(RUNNING, reason, msg)
+        clear(RESTARTING, reason, msg)
+    if state != SUSPENDED:
+        clear(SUSPENDED, "Resumed", "the job was resumed")
+
+    active = [p for p in workers if p.active]
+    ready = [p for p in workers if p.running and p.ready]
+    return {
+        "conditions": conds,
+        "state": state,
+        "observedGeneration": generation,
+        "replicas": len(active),
+        "readyReplicas": len(ready),
+        "succeededReplicas": sum(p.phase == "Succeeded" for p in workers),
+        "failedReplicas": sum(p.phase == "Failed" for p in workers),
+        "ready": f"{len(ready)}/{counts.desired}",
+        "restarts": counts.restarts,
+        "countedFailures": list(counts.counted_failures) or None,
+        "lastFailure": dict(counts.last_failure) if counts.last_failure else old.get("lastFailure"),
+        "startTime": counts.start_time,
+        "completionTime": counts.completion_time,
+        "selector": counts.selector,
+    }
+
+
+def status_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """JSON merge patch of the keys that changed (None removes a key); empty when nothing changed."""
+    return {k: new.get(k) for k in OWN_KEYS if old.get(k) != new.get(k)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to emit on the DDPJob after the status write."""
+
+    type: str
+    reason: str
+    message: str
+
+
+def transition_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
+    """One Event per condition that became True (the Created/Running/... transitions)."""
+    events = []
+    for cond in new.get("conditions") or []:
+        if cond.get("status") != "True" or condition_true(old, cond["type"]):
+            continue
+        if cond["type"] == RESTARTING:
+            continue  # the planner emits one WorkerFailed Event per failed pod, with its exit code
+        kind = "Warning" if cond["type"] in _WARNING_TYPES else "Normal"
+        events.append(Event(kind, cond["reason"], cond.get("message") or cond["type"]))
+    return events

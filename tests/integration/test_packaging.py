@@ -1,0 +1,239 @@
+"""The chart and manifests/install.yaml against the real API server: install, upgrade, uninstall, RBAC.
+
+kwok nodes run no containers, so these tests check what the API server accepts and grants; whether the
+image really starts is checked by tests/images (Docker).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import Cluster, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "ddpjob-operator"
+INSTALL = REPO / "manifests" / "install.yaml"
+EXAMPLES = REPO / "manifests" / "examples"
+CRD = "ddpjobs.ddpjob.io"
+RELEASE = "ddpjob-operator"  # so resource names are just "ddpjob-operator"
+
+
+class Helm:
+    """The pinned helm binary pointed at the test cluster."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        from tests.cluster.controlplane import tool
+
+        self.binary = tool("helm")
+        self.cluster = cluster
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([str(self.binary), f"--kubeconfig={self.cluster.kubeconfig}", *args],
+                              capture_output=True, text=True)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+
+@pytest.fixture
+def helm(cluster: Cluster) -> Helm:
+    return Helm(cluster)
+
+
+@pytest.fixture
+def other_namespace(cluster: Cluster) -> Iterator[str]:
+    """A second fresh namespace: where a cluster-wide operator must also reach, or a watched one."""
+    name = f"t-pkg-other-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def release(helm: Helm, namespace: str) -> Iterator[str]:
+    """The chart installed with defaults (cluster-wide mode) into this test's namespace; uninstalled after."""
+    helm("install", RELEASE, str(CHART), "--namespace", namespace, "--set", "image.tag=dev")
+    yield namespace
+    helm("uninstall", RELEASE, "--namespace", namespace, "--wait", check=False)
+
+
+def get_json(cluster: Cluster, *args: str) -> dict[str, object]:
+    return dict(json.loads(cluster.kubectl("get", *args, "-o", "json").stdout))
+
+
+def exists(cluster: Cluster, *args: str) -> bool:
+    return cluster.kubectl("get", *args, check=False).returncode == 0
+
+
+def crd_established(cluster: Cluster) -> bool:
+    crd = json.loads(cluster.kubectl("get", "crd", CRD, "-o", "json").stdout)
+    return any(c["type"] == "Established" and c["status"] == "True" for c in crd["status"]["conditions"])
+
+
+def can(cluster: Cluster, sa: str, verb: str, resource: str, *scope: str) -> bool:
+    """`kubectl auth can-i` as the operator's ServiceAccount (exit 0: yes, 1: no). `pods/exec` means the
+    subresource (kubectl itself would read it as a pod named "exec")."""
+    resource, _, sub = resource.partition("/")
+    subresource = [f"--subresource={sub}"] if sub else []
+    proc = cluster.kubectl("auth", "can-i", verb, resource, *subresource, f"--as={sa}", *scope, check=False)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode == 0
+
+
+def test_helm_lint_is_clean(helm: Helm) -> None:
+    for extra in ([], ["--set", "watchNamespaces={team-a}"], ["--set", "metrics.serviceMonitor.enabled=true"]):
+        out = helm("lint", "--strict", str(CHART), *extra).stdout
+        assert "0 chart(s) failed" in out and "[WARNING]" not in out and "[ERROR]" not in out, out
+
+
+def test_helm_install_upgrade_uninstall(cluster: Cluster, helm: Helm, namespace: str, other_namespace: str) -> None:
+    cluster_role = f"{namespace}-{RELEASE}"
+    out = helm("install", RELEASE, str(CHART), "--namespace", namespace, "--set", "image.tag=dev").stdout
+    assert f"kubectl -n {namespace} rollout status deployment/{RELEASE}" in out, "NOTES.txt names the next step"
+
+    wait_for(lambda: crd_established(cluster), timeout=60, describe=f"CRD {CRD} established")
+    for kind in ("deployment", "serviceaccount", "service"):
+        assert exists(cluster, kind, RELEASE if kind != "service" else f"{RELEASE}-metrics", "-n", namespace)
+    assert exists(cluster, "clusterrole", cluster_role) and exists(cluster, "clusterrolebinding", cluster_role)
+    assert exists(cluster, "clusterrole", f"{cluster_role}-cluster-read")
+    # kwok runs no container but does schedule and "start" the pod, so the rollout completes.
+    cluster.kubectl("rollout", "status", f"deployment/{RELEASE}", "-n", namespace, "--timeout=120s")
+
+    # Upgrade to namespaced mode: the cluster-wide role goes, a Role appears in the watched namespace.
+    helm("upgrade", RELEASE, str(CHART), "--namespace", namespace, "--reuse-values", "--wait", "--timeout=120s",
+         "--set", f"watchNamespaces={{{other_namespace}}}", "--set", "resources.limits.memory=256Mi")
+    assert not exists(cluster, "clusterrole", cluster_role)
+    assert exists(cluster, "role", RELEASE, "-n", other_namespace)
+    assert exists(cluster, "rolebinding", RELEASE, "-n", other_namespace)
+    dep = get_json(cluster, "deployment", RELEASE, "-n", namespace)
+    c = dep["spec"]["template"]["spec"]["containers"][0]  # type: ignore[index]
+    assert f"--namespace={other_namespace}" in c["args"]
+    assert c["resources"]["limits"]["memory"] == "256Mi"
+    assert json.loads(helm("status", RELEASE, "--namespace", namespace, "-o", "json").stdout)["version"] == 2
+
+    helm("uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout=120s")
+    wait_for(lambda: not exists(cluster, "deployment", RELEASE, "-n", namespace), timeout=60,
+             describe="Deployment removed by helm uninstall")
+    for args in (["serviceaccount", RELEASE, "-n", namespace], ["role", RELEASE, "-n", other_namespace],
+                 ["clusterrole", f"{cluster_role}-cluster-read"], ["service", f"{RELEASE}-metrics", "-n", namespace]):
+        assert not exists(cluster, *args), args
+    # Helm never deletes CRDs from crds/ (that would delete every DDPJob); the API stays served.
+    assert exists(cluster, "crd", CRD)
+
+
+def test_rbac_cluster_wide_is_least_privilege(cluster: Cluster, release: str, other_namespace: str) -> None:
+    sa = f"system:serviceaccount:{release}:{RELEASE}"
+    anywhere = ["--all-namespaces"]
+    elsewhere = ["-n", other_namespace]
+    allowed = [
+        ("list", "ddpjobs.ddpjob.io", anywhere), ("watch", "ddpjobs.ddpjob.io", anywhere),
+        ("patch", "ddpjobs.ddpjob.io", elsewhere), ("delete", "ddpjobs.ddpjob.io", elsewhere),
+        ("patch", "ddpjobs.ddpjob.io/status", elsewhere), ("get", "ddpjobs.ddpjob.io/scale", elsewhere),
+        ("create", "pods", elsewhere), ("delete", "pods", elsewhere), ("patch", "pods", elsewhere),
+        ("watch", "pods", anywhere), ("create", "services", elsewhere), ("delete", "services", elsewhere),
+        ("create", "persistentvolumeclaims", elsewhere), ("create", "serviceaccounts", elsewhere),
+        ("create", "roles.rbac.authorization.k8s.io", elsewhere),
+        ("create", "rolebindings.rbac.authorization.k8s.io", elsewhere),
+        ("create", "events", elsewhere), ("patch", "events.events.k8s.io", elsewhere),
+        ("list", "namespaces", []), ("watch", "customresourcedefinitions.apiextensions.k8s.io", []),
+        ("get", "nodes", []),
+    ]
+    denied = [
+        ("get", "secrets", elsewhere), ("list", "secrets", anywhere), ("get", "configmaps", elsewhere),
+        ("create", "ddpjobs.ddpjob.io", elsewhere), ("update", "pods", elsewhere),
+        ("create", "pods/exec", elsewhere), ("patch", "pods/status", elsewhere),
+        ("delete", "ddpjobs.ddpjob.io/status", elsewhere), ("update", "ddpjobs.ddpjob.io/scale", elsewhere), ("create", "deployments.apps", elsewhere),
+        ("patch", "nodes", []), ("delete", "nodes", []), ("create", "nodes", []),
+        ("delete", "namespaces", []), ("create", "namespaces", []),
+        ("delete", "customresourcedefinitions.apiextensions.k8s.io", []),
+        ("update", "customresourcedefinitions.apiextensions.k8s.io", []),
+        ("create", "clusterroles.rbac.authorization.k8s.io", []),
+        ("create", "clusterrolebindings.rbac.authorization.k8s.io", []),
+        ("escalate", "roles.rbac.authorization.k8s.io", elsewhere),
+        ("bind", "roles.rbac.authorization.k8s.io", elsewhere),
+        ("impersonate", "serviceaccounts", elsewhere), ("create", "serviceaccounts/token", elsewhere),
+        ("delete", "persistentvolumes", []), ("create", "persistentvolumes", []),
+    ]
+    wrong = [f"allowed? {v} {r} {s}" for v, r, s in allowed if not can(cluster, sa, v, r, *s)]
+    wrong += [f"denied? {v} {r} {s}" for v, r, s in denied if can(cluster, sa, v, r, *s)]
+    assert not wrong, "RBAC differs from least privilege:\n" + "\n".join(wrong)
+
+
+def test_operator_can_create_the_per_job_worker_rbac(cluster: Cluster, release: str, other_namespace: str) -> None:
+    """RBAC forbids granting what one does not hold: the operator's own rights must cover the worker Role."""
+    sa = f"system:serviceaccount:{release}:{RELEASE}"
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "job-a-worker", "namespace": other_namespace},
+        "rules": [{"apiGroups": ["ddpjob.io"], "resources": ["ddpjobs/status"], "resourceNames": ["job-a"],
+                   "verbs": ["patch"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "job-a-worker", "namespace": other_namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "job-a-worker"},
+        "subjects": [{"kind": "ServiceAccount", "name": "job-a-worker", "namespace": other_namespace}],
+    }
+    for obj in (role, binding):
+        cluster.kubectl("create", f"--as={sa}", "-f", "-", stdin=json.dumps(obj))
+    # ...but not a Role granting more than it holds (here: secrets).
+    role["metadata"]["name"] = "greedy"  # type: ignore[index]
+    role["rules"] = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+    proc = cluster.kubectl("create", f"--as={sa}", "-f", "-", stdin=json.dumps(role), check=False)
+    assert proc.returncode != 0 and "forbidden" in proc.stderr.lower(), proc.stderr
+
+
+def test_rbac_namespaced_mode_reaches_only_watched_namespaces(
+    cluster: Cluster, helm: Helm, namespace: str, other_namespace: str
+) -> None:
+    helm("install", RELEASE, str(CHART), "--namespace", namespace, "--set", f"watchNamespaces={{{other_namespace}}}")
+    try:
+        sa = f"system:serviceaccount:{namespace}:{RELEASE}"
+        assert can(cluster, sa, "create", "pods", "-n", other_namespace)
+        assert can(cluster, sa, "patch", "ddpjobs.ddpjob.io/status", "-n", other_namespace)
+        assert not can(cluster, sa, "create", "pods", "-n", "default")
+        assert not can(cluster, sa, "list", "ddpjobs.ddpjob.io", "--all-namespaces")
+        assert not can(cluster, sa, "list", "namespaces")
+        assert can(cluster, sa, "list", "customresourcedefinitions.apiextensions.k8s.io")
+    finally:
+        helm("uninstall", RELEASE, "--namespace", namespace, "--wait", check=False)
+
+
+def test_kubectl_apply_install_manifest(cluster: Cluster) -> None:
+    """The checked-in manifest applies as is; afterwards everything but the CRD is removed again (other tests
+    in this session use the CRD)."""
+    docs = [d for d in yaml.safe_load_all(INSTALL.read_text()) if d]
+    ns = next(d["metadata"]["name"] for d in docs if d["kind"] == "Namespace")
+    try:
+        cluster.kubectl("apply", "-f", str(INSTALL))
+        wait_for(lambda: crd_established(cluster), timeout=60, describe=f"CRD {CRD} established")
+        assert exists(cluster, "deployment", RELEASE, "-n", ns)
+        assert exists(cluster, "clusterrolebinding", f"{ns}-{RELEASE}")
+        # Applying again is a no-op, as users will do on every upgrade.
+        again = cluster.kubectl("apply", "-f", str(INSTALL)).stdout
+        assert "configured" not in again, again
+    finally:
+        rest = [d for d in docs if d["kind"] not in ("CustomResourceDefinition", "Namespace")]
+        cluster.kubectl("delete", "--ignore-not-found", "--wait=false", "-f", "-",
+                        stdin=yaml.safe_dump_all(rest), check=False)
+        cluster.kubectl("delete", "namespace", ns, "--ignore-not-found", "--wait=false", check=False)
+
+
+def example_files() -> list[Path]:
+    return sorted(EXAMPLES.glob("*.yaml")) if EXAMPLES.is_dir() else []
+
+
+@pytest.mark.skipif(not example_files(), reason="manifests/examples/ does not exist yet (owned by the operator work)")
+@pytest.mark.parametrize("example", example_files(), ids=lambda p: p.name)
+def test_example_passes_server_side_dry_run(cluster: Cluster, ddpjob_crd: str, namespace: str, example: Path) -> None:
+    text = example.read_text()
+    assert text.lstrip().startswith("#"), f"{example.name} needs a comment header saying what it shows"
+    proc = cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(example))
+    assert "created (server dry run)" in proc.stdout, proc.stdout

@@ -1,0 +1,127 @@
+"""Builders: golden YAML for the rendered worker pod and Service, and the properties every child must have."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from ddpjob_operator import builders
+from ddpjob_operator.spec import parse_ddpjob
+from ddpjob_worker.contract import WorkerEnv
+
+from .factories import make_job
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def check_golden(name: str, obj: dict[str, Any]) -> None:
+    """Compare with golden/<name>.yaml; UPDATE_GOLDEN=1 rewrites it."""
+    path = GOLDEN / f"{name}.yaml"
+    text = yaml.safe_dump(obj, sort_keys=True)
+    if os.environ.get("UPDATE_GOLDEN") == "1" or not path.exists():
+        path.write_text(text)
+    assert text == path.read_text(), f"{path} differs; review and rerun with UPDATE_GOLDEN=1"
+
+
+def charlm() -> Any:
+    return parse_ddpjob(
+        make_job("charlm", "team-a", replicas=2)
+        .with_spec(nprocPerNode="1")
+        .with_checkpoint(volumeClaim={"size": "1Gi"}, mountPath="/checkpoints")
+        .obj()
+    )
+
+
+def test_worker_pod_golden() -> None:
+    check_golden("worker-pod", builders.build_worker_pod(charlm(), 1, generation=0))
+
+
+def test_service_golden() -> None:
+    check_golden("service", builders.build_service(charlm()))
+
+
+def test_worker_env_round_trips_through_the_contract() -> None:
+    pod = builders.build_worker_pod(charlm(), 1)
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    parsed = WorkerEnv.from_env(env)
+    assert parsed.job_uid == "uid-charlm" and parsed.worker_index == 1
+    assert parsed.rdzv_endpoint == "charlm-rdzv.charlm.team-a.svc:29400"
+    assert parsed.nnodes == "2" and parsed.rdzv_conf.startswith("is_host=false")
+
+
+def test_contract_env_wins_over_user_env_of_the_same_name() -> None:
+    job = make_job().obj()
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "PET_RDZV_ENDPOINT", "value": "stale:1"},
+        {"name": "MY_VAR", "value": "kept"},
+    ]
+    env = builders.build_worker_pod(parse_ddpjob(job), 0)["spec"]["containers"][0]["env"]
+    values = {e["name"]: e["value"] for e in env}
+    assert values["MY_VAR"] == "kept" and values["PET_RDZV_ENDPOINT"] != "stale:1"
+    assert [e["name"] for e in env].count("PET_RDZV_ENDPOINT") == 1
+
+
+def test_elastic_nnodes_and_sidecar_untouched() -> None:
+    job = make_job(replicas=3).with_elastic(2, 4).obj()
+    job["spec"]["template"]["spec"]["containers"].insert(0, {"name": "sidecar", "image": "busybox"})
+    pod = builders.build_worker_pod(parse_ddpjob(job), 2)
+    sidecar, worker = pod["spec"]["containers"]
+    assert "env" not in sidecar
+    assert {e["name"]: e["value"] for e in worker["env"]}["PET_NNODES"] == "2:4"
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "volume"),
+    [
+        ({}, {"name": "checkpoints", "emptyDir": {}}),
+        ({"existingClaim": "mine"}, {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "mine"}}),
+        ({"volumeClaim": {}}, {"name": "checkpoints", "persistentVolumeClaim": {"claimName": "job-checkpoints"}}),
+    ],
+)
+def test_checkpoint_volume(checkpoint: dict[str, Any], volume: dict[str, Any]) -> None:
+    job = parse_ddpjob(make_job().with_checkpoint(**checkpoint).obj())
+    assert volume in builders.build_worker_pod(job, 0)["spec"]["volumes"]
+    pvc = builders.build_pvc(job)
+    assert (pvc is not None) == ("volumeClaim" in checkpoint)
+
+
+def test_pvc_defaults() -> None:
+    job = parse_ddpjob(make_job().with_checkpoint(volumeClaim={"size": "5Gi", "storageClassName": "fast"}).obj())
+    pvc = builders.build_pvc(job)
+    assert pvc is not None
+    assert pvc["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "5Gi"}},
+        "storageClassName": "fast",
+    }
+
+
+def test_worker_role_may_only_patch_its_own_status() -> None:
+    role = builders.build_role(parse_ddpjob(make_job("x").obj()))
+    assert role["rules"] == [
+        {"apiGroups": ["ddpjob.io"], "resources": ["ddpjobs/status"], "resourceNames": ["x"], "verbs": ["patch"]}
+    ]
+
+
+def test_rendezvous_pod_runs_the_store_in_the_worker_image() -> None:
+    job = make_job().obj()
+    job["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "train"}
+    pod = builders.build_rendezvous_pod(parse_ddpjob(job))
+    c = pod["spec"]["containers"][0]
+    assert c["image"] == "ddpjob-worker:dev"
+    assert c["command"] == ["python", "-m", "ddpjob_worker.rdzv", "--port", "29400"]
+    assert pod["spec"]["hostname"] == "job-rdzv" and pod["spec"]["subdomain"] == "job"
+    assert pod["spec"]["nodeSelector"] == {"pool": "train"}
+    assert pod["metadata"]["labels"]["ddpjob.io/replica-type"] == "rendezvous"
+
+
+def test_grace_period_and_sigterm_budget() -> None:
+    job = make_job().obj()
+    job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 120
+    pod = builders.build_worker_pod(parse_ddpjob(job), 0)
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 120
+    assert env["DDPJOB_SIGTERM_BUDGET_SECONDS"] == "90"

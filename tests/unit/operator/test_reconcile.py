@@ -1,0 +1,281 @@
+"""Table-driven and scenario tests of the pure planner, applied to an in-memory cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ddpjob_operator import status as st
+from ddpjob_operator.reconcile import Observed, plan
+
+from .factories import FakeCluster, at, make_job, pod_obj, views
+
+
+def cond(status: dict[str, Any], ctype: str) -> dict[str, Any]:
+    c = st.get_condition(status, ctype)
+    assert c is not None, f"no {ctype} condition in {status.get('conditions')}"
+    return dict(c)
+
+
+def running_cluster(replicas: int = 2, **policy: object) -> FakeCluster:
+    job = make_job(replicas=replicas)
+    if policy:
+        job.with_run_policy(**policy)
+    c = FakeCluster(job.obj())
+    c.converge(at(0))
+    c.run_all()
+    c.converge(at(1))
+    return c
+
+
+def test_new_job_creates_rendezvous_workers_and_children() -> None:
+    p = plan(make_job(replicas=2).obj(), Observed(), at(0))
+    names = [o["metadata"]["name"] for o in p.create_pods]
+    assert names == ["job-rdzv", "job-worker-0", "job-worker-1"]
+    assert [o["kind"] for o in p.ensure] == ["ServiceAccount", "Role", "RoleBinding", "Service"]
+    assert p.status["state"] == "Created"
+    assert p.status["restarts"] == 0
+    assert p.status["startTime"] == "2026-01-01T12:00:00Z"
+    assert p.status["selector"] == "ddpjob.io/job-name=job,ddpjob.io/replica-type=worker"
+    assert ("Normal", "JobCreated") in [(e.type, e.reason) for e in p.events]
+
+
+def test_running_when_all_workers_and_store_run() -> None:
+    c = running_cluster()
+    assert c.status["state"] == "Running"
+    assert cond(c.status, "Running")["status"] == "True"
+    assert c.status["ready"] == "2/2"
+    assert any(e[1] == "AllWorkersRunning" for e in c.events)
+
+
+def test_second_identical_pass_writes_nothing() -> None:
+    c = running_cluster()
+    p = c.plan(at(5))
+    assert p.patch == {} and p.create_pods == [] and p.delete_pods == [] and p.events == []
+
+
+@pytest.mark.parametrize("crash_after", [0, 1, 5, 16])
+def test_operator_restart_mid_creation_never_duplicates(crash_after: int) -> None:
+    c = FakeCluster(make_job(replicas=16).obj())
+    c.step(at(0), crash_after_creates=crash_after, write_status=False)
+    c.converge(at(1))
+    assert c.worker_names() == sorted(f"job-worker-{i}" for i in range(16))
+    assert c.created == 17  # 16 workers + the rendezvous pod, each exactly once
+    assert c.plan(at(2)).create_pods == []
+
+
+def test_retryable_failure_is_counted_then_replaced() -> None:
+    c = running_cluster()
+    c.set_phase("job-worker-1", "Failed", exit_code=137, finished=at(10))
+    failed_uid = c.pods["job-worker-1"]["metadata"]["uid"]
+    p1 = c.step(at(11))
+    # Counted first, deleted only after the count is written.
+    assert p1.delete_pods == [] and p1.create_pods == []
+    assert c.status["restarts"] == 1 and c.status["countedFailures"] == [failed_uid]
+    assert c.status["state"] == "Restarting"
+    assert ("Warning", "WorkerFailed") in [(t, r) for t, r, _ in c.events]
+    assert any("exit code 137" in m for _, _, m in c.events)
+    p2 = c.step(at(12))
+    assert [d.uid for d in p2.delete_pods] == [failed_uid]
+    assert [o["metadata"]["name"] for o in p2.create_pods] == ["job-worker-1"]
+    assert p2.create_pods[0]["metadata"]["labels"]["ddpjob.io/restart-generation"] == "1"
+    assert p2.replacements[0].exit_code == 137
+    assert any(r == "WorkerReplaced" and "exit code 137" in m for _, r, m in c.events)
+    c.run_all()
+    c.converge(at(13))
+    assert c.status["restarts"] == 1
+    assert c.status["state"] == "Running"
+    assert cond(c.status, "Restarting")["status"] == "False"
+    assert "countedFailures" not in c.status
+
+
+def test_crash_before_status_write_does_not_double_count() -> None:
+    c = running_cluster()
+    c.set_phase("job-worker-0", "Failed", exit_code=143)
+    c.step(at(11), write_status=False)  # operator SIGKILLed before its status write
+    c.step(at(12))
+    c.step(at(13))
+    assert c.status["restarts"] == 1
+
+
+def test_stale_status_read_never_lowers_restarts() -> None:
+    c = running_cluster()
+    c.set_phase("job-worker-0", "Failed", exit_code=137)
+    c.converge(at(11), passes=3)
+    assert c.status["restarts"] == 1
+    c.run_all()
+    c.jobobj["status"]["restarts"] = 0  # e.g. a watch event older than our own write
+    p = c.plan(at(12))
+    assert p.status["restarts"] == 1  # the replacement's restart-generation label remembers it
+
+
+def test_restarts_floor_from_memory() -> None:
+    job = make_job().with_status(restarts=2).obj()
+    p = plan(job, Observed(restarts_floor=5), at(0))
+    assert p.status["restarts"] == 5
+
+
+def test_permanent_exit_code_fails_with_message_and_cleans_running_pods() -> None:
+    c = running_cluster()
+    c.set_phase("job-worker-1", "Failed", exit_code=78, message="PET_RDZV_ENDPOINT is not set")
+    p = c.step(at(20))
+    failed = cond(c.status, "Failed")
+    assert failed["status"] == "True" and failed["reason"] == "PermanentExitCode"
+    assert "exit code 78" in failed["message"] and "PET_RDZV_ENDPOINT is not set" in failed["message"]
+    assert c.status["completionTime"] == "2026-01-01T12:00:20Z"
+    assert sorted(d.name for d in p.delete_pods) == ["job-rdzv", "job-worker-0"]  # cleanPodPolicy Running
+    assert cond(c.status, "Running")["status"] == "False"
+    assert c.plan(at(21)).create_pods == []
+
+
+@pytest.mark.parametrize(
+    ("policy", "code", "fails"),
+    [
+        ({}, 1, True),
+        ({}, 127, True),
+        ({}, 137, False),
+        ({"retryableExitCodes": [1]}, 1, False),
+        ({"permanentExitCodes": [137]}, 137, True),
+    ],
+)
+def test_exit_code_policy_in_planner(policy: dict[str, Any], code: int, fails: bool) -> None:
+    c = running_cluster(**policy)
+    c.set_phase("job-worker-0", "Failed", exit_code=code)
+    c.step(at(30))
+    assert st.condition_true(c.status, "Failed") is fails
+
+
+@pytest.mark.parametrize(("limit", "failures_ok"), [(0, 0), (1, 1), (3, 3)])
+def test_backoff_limit(limit: int, failures_ok: int) -> None:
+    c = running_cluster(backoffLimit=limit)
+    for n in range(failures_ok + 1):
+        assert not st.condition_true(c.status, "Failed"), f"failed early at failure {n}"
+        c.set_phase("job-worker-0", "Failed", exit_code=137)
+        c.converge(at(40 + n), passes=2)
+        c.run_all()
+        c.converge(at(40 + n), passes=1)
+    failed = cond(c.status, "Failed")
+    assert failed["reason"] == "BackoffLimitExceeded"
+    assert c.status["restarts"] == failures_ok + 1
+
+
+def test_suspend_deletes_pods_keeps_counts_and_resume_recreates() -> None:
+    c = running_cluster()
+    c.set_phase("job-worker-0", "Failed", exit_code=137)
+    c.converge(at(5), passes=2)
+    c.run_all()
+    c.jobobj["spec"]["runPolicy"] = {"suspend": True}
+    c.converge(at(10))
+    assert all("deletionTimestamp" in p["metadata"] for p in c.pods.values())
+    c.finish_terminations()
+    c.converge(at(10))
+    assert c.pods == {}
+    assert c.status["state"] == "Suspended" and c.status["restarts"] == 1
+    assert "startTime" not in c.status
+    assert cond(c.status, "Suspended")["status"] == "True"
+    c.jobobj["spec"]["runPolicy"] = {"suspend": False}
+    c.converge(at(20))
+    assert len(c.worker_names()) == 2 and "job-rdzv" in c.pods
+    assert cond(c.status, "Suspended")["reason"] == "Resumed"
+    assert c.status["startTime"] == "2026-01-01T12:00:20Z"
+    assert c.status["restarts"] == 1
+
+
+def test_elastic_scale_down_and_up() -> None:
+    c = FakeCluster(make_job(replicas=4).with_elastic(2, 4).obj())
+    c.converge(at(0))
+    c.run_all()
+    c.jobobj["spec"]["replicas"] = 2
+    p = c.step(at(1))
+    assert sorted(d.name for d in p.delete_pods) == ["job-worker-2", "job-worker-3"]
+    assert all(not d.force for d in p.delete_pods)
+    c.finish_terminations()
+    c.converge(at(2))
+    assert c.status["ready"] == "2/2" and c.status["state"] == "Running"
+    c.jobobj["spec"]["replicas"] = 4
+    c.converge(at(3))
+    assert c.worker_names() == [f"job-worker-{i}" for i in range(4)]
+    assert c.status["restarts"] == 0
+
+
+def test_deadline_exceeded() -> None:
+    c = running_cluster(activeDeadlineSeconds=60)
+    p = c.plan(at(30))
+    assert p.requeue_after == pytest.approx(30)
+    c.step(at(61))
+    failed = cond(c.status, "Failed")
+    assert failed["reason"] == "DeadlineExceeded"
+    assert "activeDeadlineSeconds (60s)" in failed["message"]
+
+
+def test_success_then_ttl_deletes_job() -> None:
+    c = running_cluster(ttlSecondsAfterFinished=30)
+    for name in c.worker_names():
+        c.set_phase(name, "Succeeded")
+    p = c.step(at(100))
+    assert cond(c.status, "Succeeded")["reason"] == "WorkersSucceeded"
+    assert c.status["completionTime"] == "2026-01-01T12:01:40Z"
+    assert [d.name for d in p.delete_pods] == ["job-rdzv"]
+    assert p.requeue_after == pytest.approx(30)
+    p = c.step(at(110))
+    assert not p.delete_job and p.requeue_after == pytest.approx(20)
+    assert c.step(at(131)).delete_job
+
+
+def test_elastic_success_waits_for_stragglers_then_close_timeout() -> None:
+    c = FakeCluster(make_job(replicas=3).with_elastic(1, 3).obj())
+    c.converge(at(0))
+    c.run_all()
+    c.set_phase("job-worker-0", "Succeeded", finished=at(10))
+    c.set_phase("job-worker-2", "Failed", exit_code=137, finished=at(10))
+    p = c.step(at(11))
+    assert not st.condition_true(c.status, "Succeeded")
+    assert p.create_pods == [] and c.status["restarts"] == 0  # no replacement after a success
+    assert p.requeue_after == pytest.approx(59)
+    p = c.step(at(71))
+    assert st.condition_true(c.status, "Succeeded")
+    assert "job-worker-1" in [d.name for d in p.delete_pods]
+
+
+def test_stuck_terminating_pod_on_notready_node_is_force_deleted_and_replaced() -> None:
+    c = running_cluster(terminatingNodeTimeoutSeconds=300)
+    c.pods["job-worker-0"]["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
+    c.node_ready["node-1"] = False
+    p = c.step(at(100))
+    assert p.delete_pods == [] and p.requeue_after == pytest.approx(200)
+    c.step(at(301))
+    assert c.status["restarts"] == 1
+    assert any("stuck Terminating" in m for _, _, m in c.events)
+    p = c.step(at(302))
+    assert [(d.name, d.force) for d in p.delete_pods if d.name == "job-worker-0"] == [("job-worker-0", True)]
+    assert "job-worker-0" in [o["metadata"]["name"] for o in p.create_pods]
+
+
+def test_rendezvous_pod_failure_recreates_it_without_counting() -> None:
+    c = running_cluster()
+    c.set_phase("job-rdzv", "Failed", exit_code=137)
+    p = c.step(at(5))
+    assert [d.name for d in p.delete_pods] == ["job-rdzv"]
+    assert [o["metadata"]["name"] for o in p.create_pods] == ["job-rdzv"]
+    assert any(e.reason == "RendezvousRestarted" for e in p.events)
+    assert c.status["restarts"] == 0
+
+
+def test_invalid_spec_fails_without_pods() -> None:
+    job = make_job(replicas=5).with_elastic(1, 4).obj()
+    p = plan(job, Observed(), at(0))
+    assert p.invalid is not None
+    assert p.create_pods == [] and p.ensure == []
+    failed = cond(p.status, "Failed")
+    assert failed["reason"] == "InvalidSpec" and "replicas (5) must lie within elastic [1, 4]" in failed["message"]
+    assert st.get_condition(p.status, "Created") is None
+    job["status"] = p.status
+    assert plan(job, Observed(), at(1)).patch == {}  # no rewrite loop
+
+
+def test_failed_pod_above_replicas_is_removed_not_counted() -> None:
+    job = make_job(replicas=2).with_elastic(1, 4).obj()
+    pods = views(pod_obj(job, 0), pod_obj(job, 1), pod_obj(job, 3, "Failed", exit_code=137), pod_obj(job, None))
+    p = plan(job, Observed(pods=pods), at(0))
+    assert [d.name for d in p.delete_pods] == ["job-worker-3"]
+    assert p.status["restarts"] == 0
