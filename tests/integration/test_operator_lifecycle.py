@@ -17,6 +17,11 @@ def _env(pod: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in container.get("env", [])}
 
 
+def _node_ready(cluster: Cluster, node: str) -> bool:
+    conditions = json.loads(cluster.kubectl("get", "node", node, "-o", "json").stdout)["status"]["conditions"]
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
 def test_cpu_example_creates_children_runs_and_succeeds(
     cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
 ) -> None:
@@ -242,3 +247,31 @@ def test_metrics_report_the_run(cluster: Cluster, operator: OperatorProcess, job
     assert any(k.startswith("ddpjob_jobs") for k in values), values
     text = operator.metrics()
     assert "metered" not in text, "object names must not appear in metric labels"
+
+
+def test_pod_stuck_terminating_on_a_not_ready_node_is_force_deleted_and_replaced(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    jobs.apply(small_job("stuck", 2, runPolicy={"terminatingNodeTimeoutSeconds": 2}))
+    pods = jobs.running("stuck", 2)
+    victim = pods[1]
+    node = victim["spec"]["nodeName"]
+    old_uid = victim["metadata"]["uid"]
+    # The node dies: its kubelet will never confirm the deletion, so the pod stays Terminating (trainer#2072).
+    jobs.annotate("stuck-worker-1", **{"ddpjob.test/stuck-terminating": "true"})
+    cluster.kubectl("annotate", "node", node, "ddpjob.test/not-ready=true")
+    try:
+        wait_for(lambda: not _node_ready(cluster, node), timeout=30, describe=f"node {node} NotReady")
+        # The stuck clock starts when the grace period ends (deletionTimestamp); keep it short here.
+        cluster.kubectl("delete", "pod", "stuck-worker-1", "-n", namespace, "--wait=false", "--grace-period=1")
+
+        def replaced() -> bool:
+            return any(p["metadata"]["name"] == "stuck-worker-1" and p["metadata"]["uid"] != old_uid
+                       for p in jobs.pods("stuck"))
+
+        wait_for(replaced, timeout=60, describe="the stuck pod force-deleted and replaced",
+                 state=lambda: jobs.describe("stuck"))
+        jobs.running("stuck", 2)
+    finally:
+        cluster.kubectl("annotate", "node", node, "ddpjob.test/not-ready-", check=False)
+        wait_for(lambda: _node_ready(cluster, node), timeout=60, describe=f"node {node} Ready again")
