@@ -14,11 +14,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.cluster", description=__doc__)
     parser.add_argument("command", choices=["up", "down", "status"])
     parser.add_argument("--dir", type=Path, default=REPO / ".cluster", help="state, certs and logs (default .cluster/)")
+    parser.add_argument(
+        "--real-node", action="store_true",
+        help="also run a real node: containerd, kubelet, kube-proxy, CoreDNS (root; see docs/real-node.md)",
+    )
     args = parser.parse_args()
     if args.command == "up":
         t0 = time.monotonic()
         try:
-            state = up(args.dir)
+            state = up(args.dir, real_node=args.real_node)
         except StartError as err:
             print(f"cluster-up failed: {err}", file=sys.stderr)
             return 1

@@ -1,0 +1,3 @@
+module ddpjob.local/probe
+
+go 1.24

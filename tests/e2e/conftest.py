@@ -1,0 +1,49 @@
+"""e2e fixtures: the session `cluster` is any live KUBECONFIG, else a local control plane *with a real node*
+(tests/cluster/node.py), so e2e tests run real containers; helpers to target that node from any cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Cluster, _live
+from tests.e2e.hostcheck import HostSnapshot
+
+REAL_NODE_LABEL = "ddpjob.io/real-node"
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Overrides tests/conftest.py's fixture for e2e: without a live KUBECONFIG, start the local cluster with
+    real_node=True, and after `down` fail the session if anything of it is left on the host."""
+    env = os.environ.get("KUBECONFIG")
+    if env and _live(Path(env)):
+        yield Cluster(Path(env))
+        return
+    if env and os.environ.get("DDPJOB_REQUIRE_KUBECONFIG"):
+        pytest.fail(f"KUBECONFIG={env} does not answer /readyz and DDPJOB_REQUIRE_KUBECONFIG is set")
+    from tests.cluster.controlplane import down, up
+
+    directory = tmp_path_factory.mktemp("cluster")
+    before = HostSnapshot.take(directory)
+    try:
+        state = up(directory, real_node=True)
+    except Exception as err:
+        pytest.fail(f"could not start the local cluster with a real node: {err}", pytrace=False)
+    try:
+        yield Cluster(state.kubeconfig)
+    finally:
+        down(directory, quiet=True)
+        left = HostSnapshot.take(directory).left_since(before)
+        assert not left, f"the real node left things behind after down: {left}"
+
+
+def real_node_selector(cluster: Cluster) -> dict[str, str]:
+    """nodeSelector for pods that must really run: the local real node when the cluster has one; on another
+    cluster (kind) every node is real, so none."""
+    nodes = json.loads(cluster.kubectl("get", "nodes", "-l", f"{REAL_NODE_LABEL}=true", "-o", "json").stdout)
+    return {REAL_NODE_LABEL: "true"} if nodes["items"] else {}
