@@ -47,3 +47,7 @@ cluster-down: ## Stop the local control plane and remove its state (no process o
 .PHONY: run-local
 run-local: venv ## Run the CPU example DDPJob locally with `ddpjob run` (no Kubernetes)
 	$(VENV)/bin/ddpjob run manifests/examples/cpu-charlm.yaml
+
+.PHONY: bench
+bench: venv tools ## Run the benchmarks (operator scale; checkpoint and worker benchmarks live in bench/ too)
+	$(PY) bench/operator_scale.py --jobs 1 100 500 --out docs/bench

@@ -109,6 +109,12 @@ def audit_count(audit_log: Path, namespace: str, since: float, until: float) -> 
     return by_ua
 
 
+def delete_namespace(kubeconfig: Path, ns: str) -> None:
+    """Delete a finished case's namespace and wait (bounded) so the next case starts on a quiet cluster."""
+    subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "delete", "namespace", ns, "--wait=true",
+                    "--timeout=600s"], check=False, capture_output=True)
+
+
 def run_operator_case(kubeconfig: Path, n: int, workers: int, logdir: Path, audit_log: Path) -> dict[str, Any]:
     from kubernetes import client
 
@@ -233,8 +239,10 @@ def main() -> int:
             print(f"--- {n} jobs x {args.workers} workers", flush=True)
             op = run_operator_case(kubeconfig, n, args.workers, work, audit_log)
             print(json.dumps(op), flush=True)
+            delete_namespace(kubeconfig, f"bench-op-{n}")
             raw = run_raw_case(kubeconfig, n, args.workers)
             print(json.dumps(raw), flush=True)
+            delete_namespace(kubeconfig, f"bench-raw-{n}")
             results.append({"operator": op, "raw": raw})
     finally:
         down(cluster_dir, quiet=True)

@@ -23,9 +23,9 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 SERVICE_CIDR = "10.96.0.0/16"
 
-#: kwok nodes: enough capacity for the benchmark's 2000 pods and for GPU requests to schedule.
+#: kwok nodes: room for the scale benchmark (500 jobs x 5 pods, twice) and for GPU requests to schedule.
 KWOK_NODES = 4
-NODE_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "1000", "nvidia.com/gpu": "8", "ephemeral-storage": "1Ti"}
+NODE_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "3000", "nvidia.com/gpu": "8", "ephemeral-storage": "1Ti"}
 
 
 def versions() -> dict[str, str]:
