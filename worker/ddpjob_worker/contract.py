@@ -31,6 +31,12 @@ PET_RDZV_CONF = "PET_RDZV_CONF"
 #: torchrun ``--max-restarts``: in-pod restarts of the worker group before the agent gives up.
 PET_MAX_RESTARTS = "PET_MAX_RESTARTS"
 
+#: ``"1"``: each rendezvous round publishes a fresh MASTER_ADDR/MASTER_PORT. With torch's default (sharing the
+#: rank-0 agent's TCP store with the workers) the rank-0 agent publishes them only in its first round, so an
+#: agent that joins later (a replacement pod) waits forever for MASTER_ADDR and the job hangs (seen with torch
+#: 2.15: SIGKILL an agent, start a replacement, both agents time out in round 1).
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
 # --- ddpjob's own variables ---
 
 #: Name of the DDPJob.
@@ -125,6 +131,7 @@ class WorkerEnv:
             PET_RDZV_ID: self.job_uid,
             PET_RDZV_CONF: self.rdzv_conf,
             PET_MAX_RESTARTS: str(self.max_restarts),
+            TORCH_DISABLE_SHARE_RDZV_TCP_STORE: "1",
             DDPJOB_NAME: self.job_name,
             DDPJOB_NAMESPACE: self.namespace,
             DDPJOB_UID: self.job_uid,
@@ -185,7 +192,9 @@ class WorkerEnv:
             raise ContractError(f"{DDPJOB_SIGTERM_BUDGET_SECONDS}={budget} must be >= 1 second")
         keep_raw = environ.get(DDPJOB_CHECKPOINT_KEEP, str(DEFAULT_CHECKPOINT_KEEP))
         if not keep_raw.isdigit() or int(keep_raw) < 1:
-            raise ContractError(f"{DDPJOB_CHECKPOINT_KEEP}={keep_raw!r} must be a positive integer (spec.checkpoint.keep)")
+            raise ContractError(
+                f"{DDPJOB_CHECKPOINT_KEEP}={keep_raw!r} must be a positive integer (spec.checkpoint.keep)"
+            )
         return cls(
             job_name=need(DDPJOB_NAME, op_hint),
             namespace=need(DDPJOB_NAMESPACE, op_hint),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import socket
 import sys
@@ -104,11 +105,22 @@ def available_cpus(cgroup_cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
     return max(1, cpus)
 
 
-def default_omp_threads(nproc_per_node: str, cpus: int | None = None) -> int:
+def visible_gpus() -> int:
+    """NVIDIA devices in this container, without importing torch (the entrypoint must start fast)."""
+    return len(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def default_omp_threads(nproc_per_node: str, cpus: int | None = None, gpus: int | None = None) -> int:
     """OMP_NUM_THREADS when the user did not set it: the container's CPUs shared by its worker processes
     (torchrun would otherwise force 1 for several processes, or let torch take every core of the node)."""
     cpus = available_cpus() if cpus is None else cpus
-    procs = int(nproc_per_node) if nproc_per_node.isdigit() else (cpus if nproc_per_node in ("cpu", "auto") else 1)
+    gpus = visible_gpus() if gpus is None else gpus
+    if nproc_per_node.isdigit():
+        procs = int(nproc_per_node)
+    elif nproc_per_node == "gpu" or (nproc_per_node == "auto" and gpus):
+        procs = gpus
+    else:  # cpu, or auto without GPUs: one process per CPU
+        procs = cpus
     return max(1, cpus // max(1, procs))
 
 
@@ -119,8 +131,10 @@ def prepare_environ(environ: Mapping[str, str], env: contract.WorkerEnv) -> dict
         out["OMP_NUM_THREADS"] = str(default_omp_threads(env.nproc_per_node))
     # torchrun copies the root-cause traceback of a failed worker here; the kubelet reads the same path as the
     # container's termination message when terminationMessagePath points at it.
-    out.setdefault("TORCHELASTIC_ERROR_FILE", os.path.join(env.checkpoint_dir, ".errors", f"worker-{env.worker_index}.json"))
+    error_file = os.path.join(env.checkpoint_dir, ".errors", f"worker-{env.worker_index}.json")
+    out.setdefault("TORCHELASTIC_ERROR_FILE", error_file)
     out.setdefault("PYTHONUNBUFFERED", "1")
+    out.setdefault(contract.TORCH_DISABLE_SHARE_RDZV_TCP_STORE, "1")  # see contract: replacements would hang
     return out
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from ddpjob_worker import contract
 from ddpjob_worker.logs import get_logger
@@ -39,13 +40,13 @@ def _give_workers_the_budget(seconds: int) -> None:
     except ImportError:  # pragma: no cover - torch layout changed; the 30 s default stays
         return
 
-    class _Agent(LocalElasticAgent):  # type: ignore[misc]
-        def __init__(self, *args: object, **kwargs: object) -> None:
+    class _Agent(LocalElasticAgent):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("shutdown_timeout", seconds)
             super().__init__(*args, **kwargs)
 
     if getattr(launcher_api, "LocalElasticAgent", None) is LocalElasticAgent:
-        launcher_api.LocalElasticAgent = _Agent
+        setattr(launcher_api, "LocalElasticAgent", _Agent)  # noqa: B010 - the module does not export the name
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -56,9 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     budget = os.environ.get(contract.DDPJOB_SIGTERM_BUDGET_SECONDS, str(contract.DEFAULT_SIGTERM_BUDGET_SECONDS))
     _give_workers_the_budget(int(budget) + _SHUTDOWN_MARGIN_SECONDS if budget.isdigit() else 30)
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    args = parse_args(list(sys.argv[1:] if argv is None else argv))  # type: ignore[no-untyped-call]
     try:
-        run(args)
+        run(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as err:
         rank, failure = err.get_first_failure()
         code = exit_code_for_worker(failure.exitcode)

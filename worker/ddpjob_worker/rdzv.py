@@ -4,6 +4,7 @@ worker pod hosts it and losing any worker never takes the store down (pytorch#67
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
 import time
@@ -18,9 +19,10 @@ log = get_logger("rdzv")
 def serve(host: str, port: int, stop: threading.Event, ready: threading.Event | None = None) -> None:
     """Serve the store until ``stop`` is set. ``wait_for_workers=False``: agents come and go; the store never
     waits for a fixed number of them."""
-    from torch.distributed import TCPStore
+    from torch._C._distributed_c10d import TCPStore
 
-    store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30),
+                     use_libuv=os.environ.get("DDPJOB_RDZV_LIBUV", "1") == "1")
     log.info("rendezvous store listening on %s:%d", host, store.port)
     if ready is not None:
         ready.set()

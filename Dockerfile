@@ -1,0 +1,87 @@
+# ddpjob images: `--target operator` (kopf operator, no torch) and `--target worker` (torch, ddp-worker).
+#
+#   docker build --target operator -t ddpjob-operator:dev .
+#   docker build --target worker   -t ddpjob-worker:dev .
+#
+# With network access that is all: pip installs from PyPI. Offline, put wheels into hack/wheelhouse/ and add
+# `--build-arg PIP_ARGS=--no-index` (hack/images.sh does this from a wheelhouse downloaded on the host).
+# No `# syntax=` line on purpose: it would pull a frontend image; this file works with the legacy builder
+# and with BuildKit as built in.
+
+# Pinned by tag; pin by digest (python:3.11-slim-bookworm@sha256:...) where your registry is reachable.
+ARG BASE_IMAGE=python:3.11-slim-bookworm
+
+FROM ${BASE_IMAGE} AS base
+# Bytecode is compiled at install time; a read-only root filesystem must not be written at run time.
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PATH=/opt/venv/bin:/opt/ddpjob/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+# A fixed numeric UID so Kubernetes can verify runAsNonRoot without a runAsUser. Written directly rather
+# than with useradd, which minimal bases may lack.
+RUN echo 'ddpjob:x:10001:10001:ddpjob:/home/ddpjob:/usr/sbin/nologin' >>/etc/passwd \
+ && echo 'ddpjob:x:10001:' >>/etc/group \
+ && mkdir -p /home/ddpjob && chown 10001:10001 /home/ddpjob
+
+# Build stages. Dependencies go into /opt/venv, the project itself into /opt/ddpjob (found through a .pth
+# file), so a code change rebuilds a layer of a few hundred KB instead of re-copying the torch-sized venv.
+FROM base AS build-base
+# Extra pip options, e.g. --no-index (offline, wheels from hack/wheelhouse/ only) or --index-url.
+ARG PIP_ARGS=""
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore
+COPY hack/wheelhouse/ /wheelhouse/
+# Only pyproject.toml here: any file copied at this point invalidates the torch-sized layers below.
+COPY pyproject.toml /src/
+# The requirement lists come from pyproject.toml so they are defined in one place.
+RUN python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
+print("\n".join(p["dependencies"]))' >/src/requirements-operator.txt \
+ && python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["worker"]))' >/src/requirements-worker.txt
+
+# deps-<image>: the virtualenv with the dependencies only. pip (and setuptools where nothing needs it) is
+# removed at the end: nothing installs packages at run time.
+FROM build-base AS deps-operator
+# Re-declared per stage: the legacy builder does not pass a parent stage's ARG on (BuildKit does).
+ARG PIP_ARGS
+RUN python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --find-links /wheelhouse ${PIP_ARGS} -r /src/requirements-operator.txt \
+ && echo /opt/ddpjob >"$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/ddpjob.pth" \
+ && /opt/venv/bin/pip uninstall -y -q pip setuptools
+
+FROM build-base AS deps-worker
+ARG PIP_ARGS
+# setuptools stays here: torch declares it as a run-time dependency (torch.utils.cpp_extension).
+RUN python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --find-links /wheelhouse ${PIP_ARGS} -r /src/requirements-worker.txt \
+ && echo /opt/ddpjob >"$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/ddpjob.pth" \
+ && /opt/venv/bin/pip uninstall -y -q pip
+
+# project: ddpjob itself (both packages, the console scripts). Built with a throwaway venv at the same
+# path as the real one so the scripts' `#!/opt/venv/bin/python` lines are right in the final images.
+FROM build-base AS project
+ARG PIP_ARGS
+COPY README.md /src/
+COPY operator/ /src/operator/
+COPY worker/ /src/worker/
+RUN python3 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --find-links /wheelhouse ${PIP_ARGS} --no-deps --target /opt/ddpjob /src
+
+# The operator: `ddpjob operator` (the chart passes the flags). Metrics on 8080, kopf liveness on 8081.
+FROM base AS operator
+COPY --from=deps-operator /opt/venv /opt/venv
+COPY --from=project /opt/ddpjob /opt/ddpjob
+USER 10001:10001
+WORKDIR /home/ddpjob
+EXPOSE 8080 8081
+ENTRYPOINT ["ddpjob"]
+CMD ["operator"]
+
+# The worker: torch (PyPI's default build, CUDA libraries included so one image serves CPU and GPU jobs)
+# and the `ddp-worker` entrypoint that runs torchrun under the env contract set by the operator.
+FROM base AS worker
+COPY --from=deps-worker /opt/venv /opt/venv
+COPY --from=project /opt/ddpjob /opt/ddpjob
+USER 10001:10001
+# torch and triton write caches under $HOME; the home directory is writable by the worker user.
+ENV HOME=/home/ddpjob
+WORKDIR /home/ddpjob
+ENTRYPOINT ["ddp-worker"]

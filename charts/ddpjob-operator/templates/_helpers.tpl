@@ -1,0 +1,120 @@
+{{/*
+Names and labels shared by every template (the cert-manager chart's pattern).
+*/}}
+
+{{/* The chart name, overridable. */}}
+{{- define "ddpjob-operator.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The prefix of every resource name: the release name, plus the chart name unless the release name already
+contains it. Truncated to 63 characters (the DNS label limit).
+*/}}
+{{- define "ddpjob-operator.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Name of cluster-scoped objects (ClusterRole, ClusterRoleBinding). The namespace is part of it so the same
+release name can be installed in two namespaces without the second install taking over the first's RBAC.
+*/}}
+{{- define "ddpjob-operator.clusterName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "ddpjob-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* chart label value: name-version. */}}
+{{- define "ddpjob-operator.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels that select the operator pod; never change them on upgrade (Deployment selectors are immutable). */}}
+{{- define "ddpjob-operator.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "ddpjob-operator.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Standard app.kubernetes.io labels on every object. */}}
+{{- define "ddpjob-operator.labels" -}}
+{{ include "ddpjob-operator.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: ddpjob
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ include "ddpjob-operator.chart" . }}
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "ddpjob-operator.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "ddpjob-operator.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The image reference: repository@digest when a digest is set, else repository:tag (tag defaults to appVersion). */}}
+{{- define "ddpjob-operator.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The rules the operator needs in a namespace where it manages DDPJobs. One list, used by the ClusterRole
+(cluster-wide mode) and by each Role (watchNamespaces mode), so the two modes cannot drift apart.
+*/}}
+{{- define "ddpjob-operator.namespacedRules" -}}
+# DDPJobs: watched, annotations patched by kopf, deleted when ttlSecondsAfterFinished has passed.
+- apiGroups: ["ddpjob.io"]
+  resources: ["ddpjobs"]
+  verbs: ["get", "list", "watch", "patch", "update", "delete"]
+# Status is written once per reconcile pass. Holding `patch` here is also what lets the operator create the
+# per-job worker Role granting `patch ddpjobs/status` (RBAC forbids granting what one does not hold).
+- apiGroups: ["ddpjob.io"]
+  resources: ["ddpjobs/status"]
+  verbs: ["get", "patch", "update"]
+# The scale subresource is read for elastic jobs (`kubectl scale` writes spec.replicas through it).
+- apiGroups: ["ddpjob.io"]
+  resources: ["ddpjobs/scale"]
+  verbs: ["get"]
+# Worker and rendezvous pods: created, watched (kopf index), deleted on restart, labels patched.
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
+# Per-job children: the headless Service, the checkpoint PVC and the worker ServiceAccount.
+- apiGroups: [""]
+  resources: ["services", "persistentvolumeclaims", "serviceaccounts"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Per-job worker Role/RoleBinding (patch of its own DDPJob's status only).
+- apiGroups: ["rbac.authorization.k8s.io"]
+  resources: ["roles", "rolebindings"]
+  verbs: ["get", "list", "watch", "create", "delete"]
+# Events about DDPJobs, through both event APIs (kopf posts core/v1 events).
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+- apiGroups: ["events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+{{- if .Values.rbac.leases }}
+# Leader election leases (optional; the operator runs as a single replica).
+- apiGroups: ["coordination.k8s.io"]
+  resources: ["leases"]
+  verbs: ["get", "create", "update"]
+{{- end }}
+{{- end }}

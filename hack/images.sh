@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Builds ddpjob-operator:dev and ddpjob-worker:dev from the Dockerfile on a machine that cannot pull images
+# or reach HTTPS from inside containers (used by `make images`, CI and the e2e tier).
+#
+#   hack/images.sh            install docker.io if missing, start dockerd if none runs, build both images
+#   hack/images.sh --stop     stop the dockerd this script started (never one it did not start)
+#
+# Steps, each cached so a warm run only re-checks them:
+#   1. docker.io from Debian (apt-get) when `dockerd` is missing.
+#   2. dockerd in the background when the daemon does not answer. It runs with --iptables=false and
+#      --ip-forward=false so the host's iptables and sysctls stay as they were (builds need no network:
+#      everything comes from the wheelhouse). Its PID is kept in $CACHE/dockerd.pid for --stop; it is left
+#      running on purpose so the next build and the e2e tier reuse it.
+#   3. A local stand-in for `python:3.11-slim-bookworm` (debootstrap minbase + python3, `docker import`),
+#      skipped when an image with that name exists. Debian bookworm's python3 is 3.11.
+#   4. The wheelhouse: wheels for every dependency, downloaded on the host (which trusts the local CA)
+#      with the versions pinned to those in .venv, into $CACHE/wheelhouse (outside the repo).
+#   5. A build context in $CACHE/image-context: the repo's git-visible files plus the wheels hardlinked into
+#      hack/wheelhouse/, then `docker build --target operator|worker` with PIP_ARGS=--no-index.
+# Environment: DDPJOB_CACHE (default ~/.cache/ddpjob), TAG (default dev), DOCKER (client binary).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+REPO=$PWD
+CACHE=${DDPJOB_CACHE:-$HOME/.cache/ddpjob}
+TAG=${TAG:-dev}
+BASE_IMAGE=python:3.11-slim-bookworm
+PIDFILE=$CACHE/dockerd.pid
+mkdir -p "$CACHE"
+
+log() { printf '[images %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+t_start=$(date +%s)
+step_t=$t_start
+took() { local now; now=$(date +%s); log "$1 ($(( now - step_t )) s)"; step_t=$now; }
+
+started_dockerd() {
+  [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null \
+    && [ "$(ps -o comm= -p "$(cat "$PIDFILE")")" = dockerd ]
+}
+
+if [ "${1:-}" = "--stop" ]; then
+  if started_dockerd; then
+    pid=$(cat "$PIDFILE")
+    log "stopping dockerd (pid $pid, started by this script)"
+    kill "$pid"
+    for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    rm -f "$PIDFILE"
+  else
+    log "no dockerd started by this script is running; nothing to stop"
+  fi
+  exit 0
+fi
+
+# Debian's client is preferred when present: its built-in BuildKit needs no buildx plugin, and BuildKit
+# sends only the changed files of the (multi-GB) build context on a warm build.
+if [ -z "${DOCKER:-}" ]; then
+  if [ -x /usr/bin/docker ]; then DOCKER=/usr/bin/docker; else DOCKER=docker; fi
+fi
+
+# 1. Docker from Debian.
+if ! command -v dockerd >/dev/null; then
+  log "installing docker.io from Debian"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io >/dev/null
+  [ -x /usr/bin/docker ] && DOCKER=/usr/bin/docker
+  took "docker.io installed"
+fi
+
+# 2. The daemon.
+if ! "$DOCKER" info >/dev/null 2>&1; then
+  log "starting dockerd (log: $CACHE/dockerd.log, pid file: $PIDFILE)"
+  # setsid: the daemon must outlive this script and not get the terminal's signals.
+  setsid dockerd --iptables=false --ip-forward=false >"$CACHE/dockerd.log" 2>&1 </dev/null &
+  echo $! >"$PIDFILE"
+  for _ in $(seq 120); do "$DOCKER" info >/dev/null 2>&1 && break; sleep 0.5; done
+  "$DOCKER" info >/dev/null 2>&1 || { tail -n 30 "$CACHE/dockerd.log"; exit 1; }
+  took "dockerd up"
+fi
+progress=()
+# BuildKit where the client has it (buildx, or Debian's 20.10 client which has it built in); else legacy.
+client=$("$DOCKER" version -f '{{.Client.Version}}' 2>/dev/null || true)
+if "$DOCKER" buildx version >/dev/null 2>&1 || [[ $client == 20.* ]]; then
+  export DOCKER_BUILDKIT=1; progress=(--progress=plain)
+fi
+
+# 3. The base image stand-in.
+if ! "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+  command -v debootstrap >/dev/null || { apt-get update -qq; apt-get install -y -qq debootstrap >/dev/null; }
+  mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
+  log "debootstrap bookworm into $rootfs (mirror ${mirror:-http://deb.debian.org/debian})"
+  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$rootfs" \
+    "${mirror:-http://deb.debian.org/debian}" >"$CACHE/debootstrap.log" 2>&1 \
+    || { tail -n 30 "$CACHE/debootstrap.log"; exit 1; }
+  # Trim what an image never needs (apt lists, caches, docs); the official slim image does the same.
+  rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/* "$rootfs"/usr/share/doc/* \
+    "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/*
+  tar -C "$rootfs" -c . | "$DOCKER" import \
+    --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' \
+    -m "local stand-in for $BASE_IMAGE (debootstrap minbase bookworm + python3)" - "$BASE_IMAGE" >/dev/null
+  rm -rf "$rootfs"
+  took "base image $BASE_IMAGE imported"
+fi
+
+# 4. The wheelhouse, pinned to the versions the tests ran with.
+WHEELHOUSE=$CACHE/wheelhouse
+mkdir -p "$WHEELHOUSE"
+reqs=$("$REPO/.venv/bin/python" - <<'EOF'
+import tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["worker"] + ["setuptools>=77", "wheel"]))
+EOF
+)
+stamp=$WHEELHOUSE/.stamp
+want=$({ echo "$reqs"; "$REPO/.venv/bin/pip" freeze --exclude-editable; } | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  log "downloading wheels into $WHEELHOUSE"
+  "$REPO/.venv/bin/pip" freeze --exclude-editable >"$WHEELHOUSE/constraints.txt"
+  echo "$reqs" >"$WHEELHOUSE/requirements.txt"
+  "$REPO/.venv/bin/pip" download -q --progress-bar off --only-binary=:all: -d "$WHEELHOUSE" \
+    -c "$WHEELHOUSE/constraints.txt" -r "$WHEELHOUSE/requirements.txt"
+  echo "$want" >"$stamp"
+  took "wheelhouse ready ($(du -sh "$WHEELHOUSE" | cut -f1))"
+fi
+
+# 5. Build context and images.
+CTX=$CACHE/image-context
+rm -rf "$CTX" && mkdir -p "$CTX"
+# Tracked and new (not ignored) files only: no .venv, .cluster or caches in the context.
+git ls-files -co --exclude-standard -z | tar --null --ignore-failed-read -T - -c 2>/dev/null | tar -C "$CTX" -x
+mkdir -p "$CTX/hack/wheelhouse"
+cp -al "$WHEELHOUSE"/*.whl "$CTX/hack/wheelhouse/" 2>/dev/null || cp "$WHEELHOUSE"/*.whl "$CTX/hack/wheelhouse/"
+took "build context staged in $CTX"
+for target in operator worker; do
+  log "docker build --target $target -t ddpjob-$target:$TAG"
+  "$DOCKER" build "${progress[@]}" --target "$target" -t "ddpjob-$target:$TAG" --build-arg PIP_ARGS=--no-index "$CTX" \
+    >"$CACHE/build-$target.log" 2>&1 || { tail -n 40 "$CACHE/build-$target.log"; exit 1; }
+  took "ddpjob-$target:$TAG built, $("$DOCKER" image inspect -f '{{.Size}}' "ddpjob-$target:$TAG" \
+    | awk '{printf "%.0f MB", $1/1e6}')"
+done
+log "done in $(( $(date +%s) - t_start )) s"

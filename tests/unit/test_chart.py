@@ -1,0 +1,243 @@
+"""The Helm chart, checked over `helm template` output: defaults, both RBAC modes, security, schema, drift."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "ddpjob-operator"
+CRD_SOURCE = REPO / "operator" / "ddpjob_operator" / "crd" / "ddpjob-crd.yaml"
+CRD_COPY = CHART / "crds" / "ddpjob-crd.yaml"
+INSTALL = REPO / "manifests" / "install.yaml"
+
+Obj = dict[str, Any]
+Render = Callable[..., list[Obj]]
+
+# What the operator needs in a namespace it manages, as (apiGroup, resource) -> verbs. The chart must grant
+# exactly this: a new verb here is a deliberate, reviewed change to the operator's privileges.
+NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
+    ("ddpjob.io", "ddpjobs"): {"get", "list", "watch", "patch", "update", "delete"},
+    ("ddpjob.io", "ddpjobs/status"): {"get", "patch", "update"},
+    ("ddpjob.io", "ddpjobs/scale"): {"get"},
+    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
+    ("", "services"): {"get", "list", "watch", "create", "delete"},
+    ("", "persistentvolumeclaims"): {"get", "list", "watch", "create", "delete"},
+    ("", "serviceaccounts"): {"get", "list", "watch", "create", "delete"},
+    ("rbac.authorization.k8s.io", "roles"): {"get", "list", "watch", "create", "delete"},
+    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "watch", "create", "delete"},
+    ("", "events"): {"create", "patch"},
+    ("events.k8s.io", "events"): {"create", "patch"},
+}
+CLUSTER_READ_RULES: dict[tuple[str, str], set[str]] = {
+    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+    ("", "nodes"): {"get"},
+}
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    from tests.cluster.controlplane import tool
+
+    return tool("helm")
+
+
+@pytest.fixture(scope="module")
+def render(helm: Path) -> Render:
+    def _render(*sets: str, namespace: str = "ddpjob-system", release: str = "ddpjob-operator") -> list[Obj]:
+        args = [str(helm), "template", release, str(CHART), "--namespace", namespace]
+        for s in sets:
+            args += ["--set", s]
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        return [d for d in yaml.safe_load_all(out) if d]
+
+    return _render
+
+
+def by_kind(objs: list[Obj], kind: str) -> list[Obj]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[Obj], kind: str) -> Obj:
+    found = by_kind(objs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def rules_of(role: Obj) -> dict[tuple[str, str], set[str]]:
+    """Flatten RBAC rules to (group, resource) -> verbs, refusing wildcards and resourceNames surprises."""
+    flat: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"] and "*" not in rule["apiGroups"], rule
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                flat.setdefault((group, res), set()).update(rule["verbs"])
+    return flat
+
+
+def container(objs: list[Obj]) -> Obj:
+    containers = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return dict(containers[0])
+
+
+def test_default_render_has_the_expected_objects(render: Render) -> None:
+    objs = render()
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
+                            "ClusterRoleBinding", "Service", "Deployment"])
+    for o in objs:
+        labels = o["metadata"]["labels"]
+        for key in ("name", "instance", "version", "managed-by", "component", "part-of"):
+            assert f"app.kubernetes.io/{key}" in labels, (o["kind"], key)
+        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+            assert o["metadata"]["namespace"] == "ddpjob-system"
+
+
+def test_deployment_runs_one_operator_with_probe_and_resources(render: Render) -> None:
+    objs = render()
+    dep = one(objs, "Deployment")
+    assert dep["spec"]["replicas"] == 1
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == one(objs, "ServiceAccount")["metadata"]["name"]
+    c = container(objs)
+    assert c["image"] == "ddpjob-operator:0.1.0"
+    assert c["command"] == ["ddpjob"]
+    assert c["args"] == ["operator", "--metrics-port=8080", "--liveness-port=8081"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"metrics": 8080, "healthz": 8081}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert c["resources"]["requests"] and c["resources"]["limits"]["memory"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= dep["spec"]["template"]["metadata"]["labels"].items()
+    svc = one(objs, "Service")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"][0]["targetPort"] == "metrics"
+
+
+def test_security_context_is_locked_down(render: Render) -> None:
+    objs = render()
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container(objs)["securityContext"]
+    assert sc["runAsNonRoot"] is True
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The only writable path: an emptyDir at /tmp.
+    assert container(objs)["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert pod["volumes"][0]["name"] == "tmp" and "emptyDir" in pod["volumes"][0]
+
+
+def test_cluster_wide_rbac_is_exactly_what_the_operator_needs(render: Render) -> None:
+    objs = render()
+    roles = {r["metadata"]["name"]: rules_of(r) for r in by_kind(objs, "ClusterRole")}
+    main = roles.pop("ddpjob-system-ddpjob-operator")
+    assert main == {**NAMESPACED_RULES, ("", "namespaces"): {"list", "watch"}}
+    assert roles == {"ddpjob-system-ddpjob-operator-cluster-read": CLUSTER_READ_RULES}
+    sa = one(objs, "ServiceAccount")["metadata"]
+    for binding in by_kind(objs, "ClusterRoleBinding"):
+        assert binding["roleRef"]["name"] == binding["metadata"]["name"]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["name"], "namespace": sa["namespace"]}]
+
+
+def test_watch_namespaces_uses_roles_and_namespace_flags(render: Render) -> None:
+    objs = render("watchNamespaces={team-a,team-b}")
+    roles = by_kind(objs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for r in roles:
+        assert rules_of(r) == NAMESPACED_RULES
+    bindings = by_kind(objs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for b in bindings:
+        assert b["subjects"][0]["namespace"] == "ddpjob-system"
+    # No cluster-wide grant on any namespaced resource: only the read-only CRD/node role remains.
+    assert [rules_of(r) for r in by_kind(objs, "ClusterRole")] == [CLUSTER_READ_RULES]
+    assert container(objs)["args"][-2:] == ["--namespace=team-a", "--namespace=team-b"]
+
+    bare = render("watchNamespaces={team-a}", "rbac.crdRead=false", "rbac.nodeRead=false")
+    assert by_kind(bare, "ClusterRole") == [] and by_kind(bare, "ClusterRoleBinding") == []
+
+
+def test_two_releases_do_not_share_cluster_scoped_names(render: Render) -> None:
+    a = {o["metadata"]["name"] for o in render(namespace="ns-a") if o["kind"].startswith("Cluster")}
+    b = {o["metadata"]["name"] for o in render(namespace="ns-b") if o["kind"].startswith("Cluster")}
+    assert a and not a & b
+
+
+def test_optional_pieces(render: Render) -> None:
+    assert not by_kind(render(), "ServiceMonitor")
+    sm = one(render("metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.release=prom"),
+             "ServiceMonitor")
+    assert sm["spec"]["endpoints"][0]["port"] == "metrics"
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    assert not by_kind(render("metrics.service.enabled=false"), "Service")
+    digest = "sha256:" + "a" * 64
+    assert container(render(f"image.digest={digest}"))["image"] == f"ddpjob-operator@{digest}"
+    assert container(render("image.tag=dev"))["image"] == "ddpjob-operator:dev"
+    objs = render("serviceAccount.create=false", "serviceAccount.name=existing")
+    assert not by_kind(objs, "ServiceAccount")
+    assert one(objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
+    assert by_kind(render("rbac.leases=true"), "ClusterRole")[0]["rules"][-2]["resources"] == ["leases"]
+
+
+@pytest.mark.parametrize("bad", [
+    "unknownTopLevel=1",
+    "image.registry=quay.io",
+    "rbac.everything=true",
+    "watchNamespaces={Not_A_Namespace}",
+    "image.pullPolicy=Sometimes",
+    "liveness.port=70000",
+])
+def test_schema_rejects_unknown_or_invalid_values(helm: Path, bad: str) -> None:
+    proc = subprocess.run([str(helm), "template", "x", str(CHART), "--set", bad], capture_output=True, text=True)
+    assert proc.returncode != 0, f"--set {bad} was accepted"
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+
+
+def test_every_value_has_a_comment_above_it() -> None:
+    """cert-manager style: each key the schema describes is documented in values.yaml."""
+    import json
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    missing: list[str] = []
+
+    def walk(props: dict[str, Any], start: int, end: int, indent: int) -> None:
+        for key, sub in props.items():
+            prefix = " " * indent + f"{key}:"
+            idx = next((i for i in range(start, end) if lines[i].startswith(prefix)), None)
+            if idx is None:
+                missing.append(f"{key} (not in values.yaml)")
+                continue
+            if not lines[idx - 1].strip().startswith("#"):
+                missing.append(key)
+            if "properties" in sub:
+                stop = next((i for i in range(idx + 1, end)
+                             if lines[i].strip() and len(lines[i]) - len(lines[i].lstrip()) <= indent), end)
+                walk(sub["properties"], idx + 1, stop, indent + 2)
+
+    walk(schema["properties"], 0, len(lines), 0)
+    assert not missing, f"values without a comment above them: {missing}"
+
+
+def test_chart_crd_equals_the_source() -> None:
+    """The CRD has one source (the operator package); the chart's copy must not drift (`make chart-crd`)."""
+    assert CRD_COPY.read_bytes() == CRD_SOURCE.read_bytes(), "run `make chart-crd`"
+
+
+def test_install_manifest_equals_a_fresh_render(helm: Path) -> None:
+    fresh = subprocess.run(
+        ["bash", "hack/render-manifests.sh", str(helm), "charts/ddpjob-operator", "ddpjob-operator",
+         "ddpjob-system"], capture_output=True, text=True, check=True, cwd=REPO,
+    ).stdout
+    assert INSTALL.read_text() == fresh, "manifests/install.yaml is stale: run `make manifests`"
+    kinds = [d["kind"] for d in yaml.safe_load_all(fresh) if d]
+    assert kinds[0] == "Namespace" and "CustomResourceDefinition" in kinds

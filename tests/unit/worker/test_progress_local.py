@@ -1,0 +1,77 @@
+"""The progress reporter (file and cluster paths, fail-soft) and the local runner's command mapping."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ddpjob_worker import contract
+from ddpjob_worker.local import agent_argv
+from ddpjob_worker.progress import ProgressReporter
+
+
+class FakeApi:
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.kwargs: list[dict[str, Any]] = []
+        self.fail = fail
+
+    def patch_namespaced_custom_object_status(self, *args: Any, **kwargs: Any) -> None:
+        if self.fail:
+            raise RuntimeError("403 Forbidden")
+        self.calls.append(args)
+        self.kwargs.append(kwargs)
+
+
+ENV = {contract.DDPJOB_NAME: "charlm", contract.DDPJOB_NAMESPACE: "ml", contract.DDPJOB_REPORT_PROGRESS: "1",
+       "RANK": "0"}
+
+
+def test_merge_patches_status_progress_throttled() -> None:
+    api = FakeApi()
+    reporter = ProgressReporter(environ=ENV, api=api, interval_seconds=3600)
+    reporter.report(epoch=1, step=2, global_step=12, loss=1.5)
+    reporter.report(epoch=1, step=3, global_step=13, loss=1.4)  # throttled
+    reporter.report(epoch=1, step=4, global_step=14, checkpoint_step=14, checkpoint_time=0, force=True)
+    assert len(api.calls) == 2
+    group, version, ns, plural, name, body = api.calls[-1]
+    assert (group, version, ns, plural, name) == ("ddpjob.io", "v1alpha1", "ml", "ddpjobs", "charlm")
+    assert body["status"]["progress"]["globalStep"] == 14
+    assert body["status"]["progress"]["lastCheckpoint"] == {"step": 14, "time": "1970-01-01T00:00:00Z"}
+    assert api.kwargs[-1]["_content_type"] == "application/merge-patch+json"
+
+
+def test_fails_soft_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    logging.getLogger("ddpjob").addHandler(caplog.handler)
+    try:
+        reporter = ProgressReporter(environ=ENV, api=FakeApi(fail=True), interval_seconds=0)
+        for i in range(3):
+            reporter.report(epoch=0, step=i, global_step=i)
+    finally:
+        logging.getLogger("ddpjob").removeHandler(caplog.handler)
+    assert caplog.text.count("cannot patch ddpjobs/charlm") == 1
+
+
+def test_only_rank0_reports_and_local_file_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "progress.json"
+    api = FakeApi()
+    ProgressReporter(environ={**ENV, "RANK": "1", contract.DDPJOB_PROGRESS_FILE: str(path)}, api=api).report(
+        epoch=0, step=1, global_step=1)
+    assert not path.exists() and not api.calls
+    ProgressReporter(environ={**ENV, contract.DDPJOB_REPORT_PROGRESS: "0", contract.DDPJOB_PROGRESS_FILE: str(path)},
+                     api=api).report(epoch=0, step=1, global_step=1, loss=2.0)
+    assert json.loads(path.read_text())["loss"] == 2.0 and not api.calls
+
+
+def test_agent_argv_follows_kubernetes_command_and_args() -> None:
+    bindir = Path(sys.executable).parent
+    assert agent_argv({"args": ["python", "t.py"]}, bindir) == [sys.executable, "-m", "ddpjob_worker.entrypoint",
+                                                                "python", "t.py"]
+    assert agent_argv({"command": ["ddp-worker"], "args": ["t.py"]}, bindir)[1:] == ["-m",
+                                                                                    "ddpjob_worker.entrypoint", "t.py"]
+    assert agent_argv({"command": ["python", "t.py"]}, bindir) == [sys.executable, "t.py"]

@@ -1,0 +1,346 @@
+"""Checkpoints for exact resume of DDP training: atomic, checksummed, rotated, preemption-aware.
+
+Use it from every rank::
+
+    ckpt = Checkpointer(CheckpointConfig.from_env(every_steps=100), model=ddp_model, optimizer=opt,
+                        lr_scheduler=sched)
+    state = ckpt.resume()                      # latest valid checkpoint, or a fresh TrainState
+    for epoch in range(state.epoch, epochs):
+        sampler.set_epoch(epoch)               # with ResumableDistributedSampler.skip(...) for a mid-epoch start
+        for batch in loader:
+            ...; optimizer.step(); state.step_in_epoch += 1; state.global_step += 1
+            ckpt.after_step(state)             # saves every N steps; on SIGTERM saves and exits 143
+        state.next_epoch()                     # so a resume never repeats a finished epoch
+    ckpt.close()
+
+See docs/checkpoints.md for the on-disk format and the guarantees.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from types import FrameType
+from typing import Any, NoReturn
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ddpjob_worker import contract
+from ddpjob_worker.logs import get_logger
+from ddpjob_worker.storage import CorruptCheckpoint, LocalStorage, Storage
+
+log = get_logger("checkpoint")
+
+FORMAT_VERSION = 1
+#: Exit code after a SIGTERM checkpoint: 128+15, what the kubelet reports for SIGTERM. Never 0, which would
+#: read as success and end the job early.
+EXIT_AFTER_SIGTERM = 143
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class CheckpointConfig:
+    """How and where checkpoints are written."""
+
+    directory: str
+    """Folder of ``step-N`` checkpoints; shared by all ranks (the job's checkpoint volume)."""
+    keep: int = contract.DEFAULT_CHECKPOINT_KEEP
+    """How many valid checkpoints to keep; older ones are deleted after each save, so a corrupt newest one
+    still leaves ``keep - 1`` to fall back to."""
+    every_steps: int = 0
+    """``after_step`` saves when ``global_step`` is a multiple of this; 0 saves only when asked or preempted."""
+    async_save: bool = False
+    """Rank 0 copies the state to host memory and writes it in a thread, so training does not wait for the
+    disk; the next save (or ``close``) waits for it."""
+    sigterm_budget_seconds: float = float(contract.DEFAULT_SIGTERM_BUDGET_SECONDS)
+    """After SIGTERM: seconds to finish the step and write the last checkpoint before exiting anyway."""
+    handle_sigterm: bool = True
+    """Install the SIGTERM handler (finish the step, checkpoint, exit 143)."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> CheckpointConfig:
+        """Directory, keep and budget from the worker contract (``./checkpoints`` outside a DDPJob)."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {
+            "directory": env.get(contract.DDPJOB_CHECKPOINT_DIR) or "checkpoints",
+            "keep": int(env.get(contract.DDPJOB_CHECKPOINT_KEEP) or contract.DEFAULT_CHECKPOINT_KEEP),
+            "sigterm_budget_seconds": float(
+                env.get(contract.DDPJOB_SIGTERM_BUDGET_SECONDS) or contract.DEFAULT_SIGTERM_BUDGET_SECONDS
+            ),
+        }
+        values.update(overrides)
+        return cls(**values)
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class TrainState:
+    """Where training is; saved with every checkpoint and returned by ``resume``."""
+
+    epoch: int = 0
+    """The epoch in progress (or about to start)."""
+    step_in_epoch: int = 0
+    """Optimizer steps already done in ``epoch``: the sampler position (skip this many batches on resume)."""
+    global_step: int = 0
+    """Optimizer steps done since the start of training; names the ``step-N`` folder."""
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """Anything else the script wants back (tensors, numbers, strings, lists, dicts)."""
+
+    def next_epoch(self) -> None:
+        """Mark the epoch finished, so a checkpoint taken now resumes at the next epoch, not the same one."""
+        self.epoch += 1
+        self.step_in_epoch = 0
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's RNG states (python, numpy legacy global, torch CPU, current CUDA device)."""
+    np_state = np.random.get_state(legacy=True)
+    assert isinstance(np_state, tuple)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (str(np_state[0]), torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+                  int(np_state[2]), int(np_state[3]), float(np_state[4])),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """Inverse of capture_rng."""
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"].cpu())
+
+
+def _host_copy(obj: Any) -> Any:
+    """A deep copy with every tensor cloned to host memory: what the async writer may serialize while the
+    training loop keeps changing the live tensors."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: _host_copy(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_host_copy(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_host_copy(v) for v in obj)
+    return obj
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside DDP, so checkpoints load into a plain model too."""
+    inner = getattr(model, "module", None)
+    return inner if isinstance(inner, torch.nn.Module) else model
+
+
+class Checkpointer:
+    """Saves and restores everything exact resume needs; every method is called on every rank."""
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        lr_scheduler: Any | None = None,
+        grad_scaler: Any | None = None,
+        storage: Storage | None = None,
+    ) -> None:
+        self.config = config
+        self.storage: Storage = storage if storage is not None else LocalStorage(Path(config.directory))
+        self._model = model
+        self._optimizer = optimizer
+        self._lr_scheduler = lr_scheduler
+        self._grad_scaler = grad_scaler
+        self._distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self._distributed else 0
+        self.world_size = dist.get_world_size() if self._distributed else 1
+        param = next(iter(model.parameters()), None)
+        #: Every rank maps tensors onto its own device (cuda:LOCAL_RANK or cpu), never onto rank 0's.
+        self.device = param.device if param is not None else torch.device("cpu")
+        self._writer: threading.Thread | None = None
+        self._writer_error: BaseException | None = None
+        self._sigterm_at: float | None = None
+        self._previous_handler: Any = None
+        self.last_saved_step: int | None = None
+        self.last_saved_time: float | None = None
+        if config.handle_sigterm and threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    # --- preemption ---
+
+    def _on_sigterm(self, signum: int, _frame: FrameType | None) -> None:
+        if self._sigterm_at is not None:
+            return
+        self._sigterm_at = time.monotonic()
+        budget = self.config.sigterm_budget_seconds
+        os.write(2, f"[ddpjob rank={self.rank}] SIGTERM: finishing the current step, then checkpointing "
+                    f"(budget {budget:.0f}s)\n".encode())
+        # If the final save cannot finish in time (slow disk, a peer that never answers), leave with the
+        # same non-zero code anyway; the previous checkpoint is still valid because saves are atomic.
+        watchdog = threading.Timer(budget, self._budget_exceeded)
+        watchdog.daemon = True
+        watchdog.start()
+
+    def _budget_exceeded(self) -> None:
+        os.write(2, f"[ddpjob rank={self.rank}] SIGTERM budget of {self.config.sigterm_budget_seconds:.0f}s "
+                    f"exceeded; exiting {EXIT_AFTER_SIGTERM} without a final checkpoint\n".encode())
+        os._exit(EXIT_AFTER_SIGTERM)
+
+    def preempted(self) -> bool:
+        """True on every rank once any rank got SIGTERM (a pod's SIGTERM reaches only its own workers)."""
+        flag = 1.0 if self._sigterm_at is not None else 0.0
+        if not self._distributed:
+            return flag > 0
+        tensor = torch.tensor([flag], device=self.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return bool(tensor.item() > 0)
+
+    def exit_preempted(self, state: TrainState) -> NoReturn:
+        """Write the final checkpoint (blocking) and exit 143 on every rank."""
+        self.save(state, blocking=True)
+        spent = time.monotonic() - self._sigterm_at if self._sigterm_at is not None else 0.0
+        log.warning("preempted: checkpoint step-%d written %.1fs after SIGTERM; exiting %d",
+                    state.global_step, spent, EXIT_AFTER_SIGTERM)
+        sys.stderr.flush()
+        os._exit(EXIT_AFTER_SIGTERM)  # not sys.exit: no atexit/destructor may hang past the budget
+
+    def after_step(self, state: TrainState) -> None:
+        """Call after every optimizer step: exits after a final save when preempted, saves every N steps."""
+        if self.config.handle_sigterm and self.preempted():
+            self.exit_preempted(state)
+        if self.config.every_steps and state.global_step % self.config.every_steps == 0:
+            self.save(state)
+
+    # --- save ---
+
+    def _state_dict(self, state: TrainState, rng: list[Any]) -> dict[str, Any]:
+        return {
+            "format": FORMAT_VERSION,
+            "train": dataclasses.asdict(state),
+            "world_size": self.world_size,
+            "rng": rng,
+            "model": _unwrap(self._model).state_dict(),
+            "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None,
+            "lr_scheduler": self._lr_scheduler.state_dict() if self._lr_scheduler is not None else None,
+            "grad_scaler": self._grad_scaler.state_dict() if self._grad_scaler is not None else None,
+        }
+
+    def save(self, state: TrainState, *, blocking: bool | None = None) -> None:
+        """Checkpoint ``state`` as ``step-<global_step>``; collective. Rank 0 writes; when this returns (sync
+        mode) the checkpoint is committed and every rank has passed the barrier after it."""
+        self.wait()
+        rng = capture_rng()
+        rngs: list[Any] = [None] * self.world_size
+        if self._distributed:
+            dist.all_gather_object(rngs, rng)
+        else:
+            rngs = [rng]
+        is_async = self.config.async_save if blocking is None else not blocking
+        if self.rank == 0:
+            payload = self._state_dict(state, rngs)
+            if is_async:
+                payload = _host_copy(payload)
+                self._writer = threading.Thread(target=self._write, args=(state.global_step, payload),
+                                                name="ddpjob-ckpt-writer", daemon=True)
+                self._writer.start()
+            else:
+                self._write(state.global_step, payload)
+        if self._distributed and not is_async:
+            dist.barrier()
+        self._raise_writer_error()
+
+    def _write(self, step: int, payload: dict[str, Any]) -> None:
+        started = time.monotonic()
+        try:
+            manifest = self.storage.write(step, payload, {"world_size": self.world_size})
+            seconds = time.monotonic() - started
+            self.last_saved_step, self.last_saved_time = step, time.time()
+            removed = self.storage.purge(self.config.keep, protect=step)
+            log.info("checkpoint step-%d saved: %.1f MB in %.2fs (%.0f MB/s), sha256 %s...%s", step,
+                     manifest.size / 1e6, seconds, manifest.size / 1e6 / max(seconds, 1e-9), manifest.sha256[:12],
+                     f"; removed step {removed}" if removed else "")
+        except BaseException as err:  # surfaced on the training thread by the next save/wait
+            self._writer_error = err
+            log.error("checkpoint step-%d failed: %s", step, err)
+
+    def wait(self) -> None:
+        """Block until an asynchronous save has been committed."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer = None
+        self._raise_writer_error()
+
+    def _raise_writer_error(self) -> None:
+        if self._writer_error is not None:
+            err, self._writer_error = self._writer_error, None
+            raise RuntimeError("saving a checkpoint failed") from err
+
+    # --- resume ---
+
+    def load_latest_valid(self) -> tuple[int, dict[str, Any]] | None:
+        """Newest checkpoint whose checksum verifies, loaded; bad ones are logged, set aside and skipped."""
+        for step in self.storage.committed_steps():
+            try:
+                return step, self.storage.read(step, self.device, verify=True)
+            except CorruptCheckpoint as err:
+                log.error("checkpoint step-%d in %s is corrupt (%s); falling back to the previous valid "
+                          "checkpoint", step, self.config.directory, err)
+                self.storage.quarantine(step, str(err))
+        return None
+
+    def resume(self) -> TrainState:
+        """Restore the latest valid checkpoint into the model and friends; a fresh TrainState if none."""
+        step, data = None, None
+        if self.rank == 0:
+            found = self.load_latest_valid()
+            step, data = found if found is not None else (None, None)
+            # No save can be running now (torchrun stops a group before starting the next), so temporary
+            # folders are the remains of a crashed save.
+            self.storage.purge(self.config.keep, protect=step)
+        if self._distributed:
+            # Rank 0 alone verifies and chooses; everyone loads the same step (no rank can race ahead).
+            choice: list[Any] = [step]
+            dist.broadcast_object_list(choice, src=0)
+            step = choice[0]
+        if step is None:
+            log.info("no valid checkpoint in %s; starting from scratch", self.config.directory)
+            return TrainState()
+        if data is None:
+            data = self.storage.read(step, self.device, verify=False)
+        _unwrap(self._model).load_state_dict(data["model"])
+        if self._optimizer is not None and data["optimizer"] is not None:
+            self._optimizer.load_state_dict(data["optimizer"])
+        if self._lr_scheduler is not None and data["lr_scheduler"] is not None:
+            self._lr_scheduler.load_state_dict(data["lr_scheduler"])
+        if self._grad_scaler is not None and data["grad_scaler"] is not None:
+            self._grad_scaler.load_state_dict(data["grad_scaler"])
+        rngs = data["rng"]
+        if len(rngs) != self.world_size:
+            log.warning("checkpoint step-%d was written by %d ranks, now %d: rank %d takes RNG state %d", step,
+                        len(rngs), self.world_size, self.rank, self.rank % len(rngs))
+        restore_rng(rngs[self.rank % len(rngs)])
+        state = TrainState(**data["train"])
+        log.info("resumed from checkpoint step-%d: epoch %d, step %d of the epoch", step, state.epoch,
+                 state.step_in_epoch)
+        if self._distributed:
+            dist.barrier()
+        return state
+
+    def close(self) -> None:
+        """Wait for a pending save and give SIGTERM back to its previous handler."""
+        self.wait()
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None

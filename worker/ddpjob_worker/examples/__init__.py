@@ -1,0 +1,1 @@
+"""Example training scripts that run under ``ddp-worker`` and ``ddpjob run``."""

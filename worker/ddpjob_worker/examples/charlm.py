@@ -1,0 +1,200 @@
+"""Example trainer: a small character-level transformer on a bundled text, trained with DDP under torchrun and
+made restart-proof by the checkpoint library (``python -m ddpjob_worker.examples.charlm --help``).
+
+It is deterministic for a given ``--seed`` and world size: a run that is killed and resumed ends with the
+same parameters, bit for bit, as one that was never interrupted (tests/worker check exactly that).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset
+
+from ddpjob_worker.checkpoint import CheckpointConfig, Checkpointer
+from ddpjob_worker.logs import get_logger
+from ddpjob_worker.progress import ProgressReporter
+from ddpjob_worker.sampler import ResumableDistributedSampler
+
+log = get_logger("charlm")
+DEFAULT_TEXT = Path(__file__).parent / "data" / "keeper.txt"
+
+
+class CharChunks(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Non-overlapping windows of ``seq_len + 1`` characters: input and next-character target."""
+
+    def __init__(self, text: str, seq_len: int) -> None:
+        self.vocab = sorted(set(text))
+        index = {c: i for i, c in enumerate(self.vocab)}
+        self.data = torch.tensor([index[c] for c in text], dtype=torch.long)
+        self.seq_len = seq_len
+
+    def __len__(self) -> int:
+        return (len(self.data) - 1) // self.seq_len
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        chunk = self.data[i * self.seq_len : i * self.seq_len + self.seq_len + 1]
+        return chunk[:-1], chunk[1:]
+
+
+class CharTransformer(nn.Module):
+    """A decoder-only transformer (causal self-attention) over characters."""
+
+    def __init__(self, vocab: int, seq_len: int, d_model: int, layers: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d_model)
+        self.pos = nn.Parameter(torch.zeros(seq_len, d_model))
+        block = nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout, batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(d_model, vocab)
+        self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq_len), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        h = self.embed(x) + self.pos[:n]
+        mask = self.get_buffer("mask")
+        h = self.blocks(h, mask=mask[:n, :n], is_causal=True)
+        out: torch.Tensor = self.head(h)
+        return out
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m ddpjob_worker.examples.charlm", description=__doc__)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--steps-per-epoch", type=int, default=0, help="cap steps per epoch (0: the whole text)")
+    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--dropout", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--text", type=Path, default=DEFAULT_TEXT)
+    p.add_argument("--checkpoint-dir", default=None, help="default: $DDPJOB_CHECKPOINT_DIR or ./checkpoints")
+    p.add_argument("--checkpoint-every", type=int, default=50, help="save every N steps (0: only at epoch ends)")
+    p.add_argument("--async-save", action="store_true", help="write checkpoints in a background thread")
+    p.add_argument("--save-final", type=Path, default=None, help="rank 0 writes the final parameters here")
+    p.add_argument("--step-delay", type=float, default=0.0, help="sleep after each step (tests: kill mid-epoch)")
+    p.add_argument("--log-every", type=int, default=20)
+    return p.parse_args(argv)
+
+
+def setup_distributed() -> torch.device:
+    """gloo on CPU, nccl on GPU; a plain single process when not started by torchrun."""
+    if "RANK" not in os.environ:
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    # A short collective timeout: a dead peer is then an error within a minute (and a torchrun restart),
+    # not a 30-minute hang.
+    dist.init_process_group(backend, timeout=timedelta(seconds=120))
+    return device
+
+
+def train(args: argparse.Namespace) -> None:
+    device = setup_distributed()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
+    dataset = CharChunks(args.text.read_text(encoding="utf-8"), args.seq_len)
+    model: nn.Module = CharTransformer(len(dataset.vocab), args.seq_len, args.d_model, args.layers, args.heads,
+                                       args.dropout).to(device)
+    if dist.is_initialized():
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    sampler = ResumableDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed,
+                                          drop_last=True)
+    # Its own generator: a DataLoader otherwise draws its base seed from the global torch RNG each time an
+    # epoch's iterator is created, which a mid-epoch resume does at a different point of the RNG stream.
+    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
+                        generator=torch.Generator().manual_seed(args.seed))
+    steps_per_epoch = len(dataset) // world // args.batch_size
+    if args.steps_per_epoch:
+        steps_per_epoch = min(steps_per_epoch, args.steps_per_epoch)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, args.epochs * steps_per_epoch))
+    scaler = torch.amp.GradScaler("cuda") if device.type == "cuda" else None
+    torch.manual_seed(args.seed + 1000 + rank)  # dropout differs per rank; restored per rank on resume
+    config = CheckpointConfig.from_env(every_steps=args.checkpoint_every, async_save=args.async_save,
+                                       **({"directory": args.checkpoint_dir} if args.checkpoint_dir else {}))
+    ckpt = Checkpointer(config, model=model, optimizer=optimizer, lr_scheduler=scheduler, grad_scaler=scaler)
+    reporter = ProgressReporter()
+    state = ckpt.resume()
+    log.info("training: world %d, %d steps/epoch, epochs %d..%d, device %s", world, steps_per_epoch,
+             state.epoch, args.epochs - 1, device)
+    started, loss_value = time.monotonic(), math.nan
+    for epoch in range(state.epoch, args.epochs):
+        sampler.set_epoch(epoch)
+        sampler.skip(state.step_in_epoch * args.batch_size)  # resume mid-epoch at the exact next batch
+        model.train()
+        for x, y in loader:
+            if state.step_in_epoch >= steps_per_epoch:
+                break
+            loss_value = train_step(model, optimizer, scaler, x.to(device), y.to(device))
+            scheduler.step()
+            state.step_in_epoch += 1
+            state.global_step += 1
+            if state.global_step % args.log_every == 0:
+                log.info("epoch %d step %d/%d loss %.4f (%.1f steps/s)", epoch, state.step_in_epoch,
+                         steps_per_epoch, loss_value, state.global_step / (time.monotonic() - started))
+            if args.step_delay:
+                time.sleep(args.step_delay)
+            if state.step_in_epoch < steps_per_epoch:  # the epoch's last step is saved below, as epoch+1
+                saved_before = ckpt.last_saved_step
+                ckpt.after_step(state)
+                reporter.report(epoch=epoch, step=state.step_in_epoch, global_step=state.global_step,
+                                loss=loss_value, checkpoint_step=ckpt.last_saved_step,
+                                checkpoint_time=ckpt.last_saved_time, force=ckpt.last_saved_step != saved_before)
+        state.next_epoch()
+        if ckpt.preempted():
+            ckpt.exit_preempted(state)
+        ckpt.save(state)
+        reporter.report(epoch=state.epoch, step=0, global_step=state.global_step, loss=loss_value,
+                        checkpoint_step=ckpt.last_saved_step, checkpoint_time=ckpt.last_saved_time, force=True)
+    ckpt.close()
+    if rank == 0 and args.save_final is not None:
+        params = {k: v.detach().cpu() for k, v in getattr(model, "module", model).state_dict().items()}
+        torch.save(params, args.save_final)
+        log.info("final parameters written to %s", args.save_final)
+    log.info("done: %d steps, final loss %.4f", state.global_step, loss_value)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
+               x: torch.Tensor, y: torch.Tensor) -> float:
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=x.device.type, enabled=scaler is not None):
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    if scaler is not None:
+        scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        loss.backward()  # type: ignore[no-untyped-call]
+        optimizer.step()
+    return float(loss.detach())
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    train(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
