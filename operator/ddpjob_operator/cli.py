@@ -31,7 +31,8 @@ def run(
     workdir: Annotated[Path, typer.Option(help="Where local checkpoints and logs are kept.")] = Path(".ddpjob-local"),
     kill_after: Annotated[
         float | None,
-        typer.Option(help="Fault injection: SIGKILL one worker's training process after this many seconds."),
+        typer.Option(help="Fault injection: SIGKILL one worker's training process this many seconds after training "
+                     "first reports progress."),
     ] = None,
 ) -> None:
     """Run a DDPJob manifest locally: one torchrun agent per replica on localhost, no Kubernetes."""

@@ -42,8 +42,8 @@ def test_kill9_worker_mid_epoch_resumes_bitwise_identical(job: LocalJob,
 
     # step-delay only slows the loop so the kill lands mid-epoch; it changes no number.
     agents = [job.agent(i, [*CHARLM, "--step-delay", "0.4", "--save-final", "final.pt"]) for i in range(2)]
-    victim = job.training_pid(agents[1])
     job.progress_at_least(3, 120)  # epoch 0, after checkpoint step-2, before step 6 (the epoch's end)
+    victim = job.training_pid(agents[1])  # looked up now: the process that is training at this moment
     os.kill(victim, signal.SIGKILL)
     for a in agents:
         assert wait_exit(a, 240, job) == 0, job.logs()[-4000:]

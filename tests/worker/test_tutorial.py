@@ -69,7 +69,7 @@ def test_ddpjob_run_kill_after_restarts_and_resumes(tmp_path: Path) -> None:
             "--checkpoint-every", "2", "--step-delay", "1.0"]
     job = manifest(tmp_path, args)
     proc = subprocess.run([sys.executable, "-m", "ddpjob_operator.cli", "run", str(job), "--workdir",
-                           str(tmp_path / "local"), "--kill-after", "14"], cwd=tmp_path, capture_output=True,
+                           str(tmp_path / "local"), "--kill-after", "6"], cwd=tmp_path, capture_output=True,
                           text=True, timeout=230)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "--kill-after: SIGKILLed worker 1's training process" in proc.stderr

@@ -178,6 +178,7 @@ def _supervise(name: str, agents: list[Agent], backoff_limit: int, progress_file
     operator replaces pods: >=128 retryable, up to backoffLimit)."""
     started = time.monotonic()
     killed = kill_after is None
+    training_since: float | None = None
     replacements = 0
     live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
     last_plain = 0.0
@@ -194,7 +195,12 @@ def _supervise(name: str, agents: list[Agent], backoff_limit: int, progress_file
                 console.print(f"[{time.monotonic() - started:5.0f}s] {states} epoch={progress.get('epoch', '-')} "
                               f"step={progress.get('globalStep', '-')} loss={progress.get('loss', '-')} "
                               f"group restarts={progress.get('restartCount', '-')}", highlight=False)
-            if not killed and kill_after is not None and time.monotonic() - started >= kill_after:
+            # The clock starts at the first progress report, not at launch: start-up (imports, rendezvous)
+            # varies with load, and a fault injected before training starts tests nothing.
+            if training_since is None and progress.get("globalStep") is not None:
+                training_since = time.monotonic()
+            if not killed and kill_after is not None and training_since is not None \
+                    and time.monotonic() - training_since >= kill_after:
                 killed = _kill_one_worker(agents, console)
             if all(c == 0 for c in codes):
                 console.print(f"[green]job {name} succeeded[/] (final progress: {progress or 'none reported'})")
