@@ -19,6 +19,8 @@ Obj = dict[str, Any]
 #: Grace period given to a worker pod when the template sets none: the checkpoint library's SIGTERM path
 #: needs time to write one last checkpoint.
 DEFAULT_GRACE_SECONDS = 90
+#: The rendezvous container imports torch: PyPI's CUDA build peaks at ~640 MB RSS (mostly mapped libraries).
+RENDEZVOUS_RESOURCES = {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 #: Part of the grace period reserved for torchrun and the kubelet after the final checkpoint.
 GRACE_RESERVE_SECONDS = 30
 CHECKPOINT_VOLUME = "checkpoints"
@@ -151,8 +153,9 @@ def build_rendezvous_pod(job: DDPJob) -> Obj:
         "command": ["python", "-m", "ddpjob_worker.rdzv", "--port", str(port)],
         "ports": [{"name": "rdzv", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 5},
-        # Small and fixed: the store holds only rendezvous keys; it needs no GPU even for GPU jobs.
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        # Fixed and GPU-free: the store holds only rendezvous keys, but the process imports torch (the CUDA
+        # wheel maps ~650 MB of libraries), so a 256Mi limit OOM-kills it at start (seen on a real node).
+        "resources": copy.deepcopy(RENDEZVOUS_RESOURCES),
     }
     if worker.get("imagePullPolicy"):
         container["imagePullPolicy"] = worker["imagePullPolicy"]

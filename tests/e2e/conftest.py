@@ -47,3 +47,11 @@ def real_node_selector(cluster: Cluster) -> dict[str, str]:
     cluster (kind) every node is real, so none."""
     nodes = json.loads(cluster.kubectl("get", "nodes", "-l", f"{REAL_NODE_LABEL}=true", "-o", "json").stdout)
     return {REAL_NODE_LABEL: "true"} if nodes["items"] else {}
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The training runs' wall and recovery times (tests/e2e/test_training.py), whatever the outcome."""
+    from tests.e2e.training import summary_lines
+
+    for line in summary_lines():
+        terminalreporter.write_line(line)

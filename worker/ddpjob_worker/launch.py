@@ -5,7 +5,9 @@ Plain torchrun exits 1 for every failure (a traceback from ChildFailedError or S
 operator's default policy (1..127 permanent, >=128 retryable) would read as a permanent error even when the
 pod was merely SIGTERMed or a worker was OOM-killed. Here the container exits with the root cause instead:
 128+N when the agent got signal N, the first failed worker's own exit code otherwise (128+N for a worker
-killed by signal N, 143 for a worker that checkpointed after SIGTERM, 78 for a broken contract).
+killed by signal N, 143 for a worker that checkpointed after SIGTERM, 78 for a broken contract), and
+EXIT_RENDEZVOUS_LOST when the agent lost its rendezvous store (the store pod was deleted or restarted): torchrun
+would exit 1, which the default policy reads as permanent, while a replaced pod joins the new store and resumes.
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from ddpjob_worker import contract
 from ddpjob_worker.logs import get_logger
 
 log = get_logger("launch")
+
+#: Container exit code when the agent cannot reach the rendezvous store; retryable under the default policy
+#: (>= 128) so the operator replaces the pod instead of failing the job.
+EXIT_RENDEZVOUS_LOST = 200
 
 #: Seconds the agent gives its workers between SIGTERM and SIGKILL on top of the checkpoint budget.
 _SHUTDOWN_MARGIN_SECONDS = 5
@@ -53,6 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run torchrun with ``argv``; return the container exit code."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousStateError
     from torch.distributed.run import parse_args, run
 
     budget = os.environ.get(contract.DDPJOB_SIGTERM_BUDGET_SECONDS, str(contract.DEFAULT_SIGTERM_BUDGET_SECONDS))
@@ -66,6 +73,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("training failed: rank %s exited %s (root cause; container exits %d); see %s",
                   rank, failure.exitcode, code, failure.error_file or "the worker's log")
         return code
+    except (RendezvousConnectionError, RendezvousStateError) as err:
+        log.error("lost the rendezvous store (%s: %s); exiting %d so the pod is replaced and rejoins",
+                  type(err).__name__, err, EXIT_RENDEZVOUS_LOST)
+        return EXIT_RENDEZVOUS_LOST
     except SignalException as err:
         code = 128 + int(err.sigval)
         log.warning("agent got %s; workers were stopped, exiting %d", err.sigval.name, code)

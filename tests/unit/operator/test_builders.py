@@ -118,6 +118,19 @@ def test_rendezvous_pod_runs_the_store_in_the_worker_image() -> None:
     assert pod["metadata"]["labels"]["ddpjob.io/replica-type"] == "rendezvous"
 
 
+def test_rendezvous_pod_memory_fits_importing_torch() -> None:
+    """The store process imports torch (~640 MB RSS with PyPI's CUDA wheel); a 256Mi limit OOM-killed it on the
+    real node (CrashLoopBackOff, exit 137) and no worker ever joined."""
+    mebibytes = {"256Mi": 256, "512Mi": 512, "1Gi": 1024, "2Gi": 2048}
+    pod = builders.build_rendezvous_pod(parse_ddpjob(make_job().obj()))
+    resources = pod["spec"]["containers"][0]["resources"]
+    assert mebibytes[resources["limits"]["memory"]] >= 1024
+    assert mebibytes[resources["requests"]["memory"]] <= mebibytes[resources["limits"]["memory"]]
+    resources["limits"]["memory"] = "1Mi"  # a caller's edit must not leak into the next pod
+    assert builders.build_rendezvous_pod(parse_ddpjob(make_job().obj()))["spec"]["containers"][0][
+        "resources"]["limits"]["memory"] == "1Gi"
+
+
 def test_grace_period_and_sigterm_budget() -> None:
     job = make_job().obj()
     job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 120

@@ -92,3 +92,18 @@ def test_wait_for_dns_retries_then_gives_up_without_raising() -> None:
 @pytest.mark.parametrize(("worker", "container"), [(-9, 137), (-15, 143), (143, 143), (78, 78), (1, 1), (0, 1)])
 def test_launch_exit_code_is_the_root_cause(worker: int, container: int) -> None:
     assert launch.exit_code_for_worker(worker) == container
+
+
+@pytest.mark.parametrize("error", ["RendezvousConnectionError", "RendezvousStateError"])
+def test_launch_lost_rendezvous_store_is_retryable(monkeypatch: pytest.MonkeyPatch, error: str) -> None:
+    """Deleting the rendezvous pod made torchrun exit 1 (RendezvousConnectionError out of the agent), which the
+    default policy reads as permanent: the e2e job Failed instead of recovering. It must exit >= 128."""
+    import torch.distributed.elastic.rendezvous.api as rdzv_api
+    import torch.distributed.run as torch_run
+
+    def lost(_args: object) -> None:
+        raise getattr(rdzv_api, error)("The connection to the C10d store has failed.")
+
+    monkeypatch.setattr(torch_run, "run", lost)
+    code = launch.main(["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "train.py"])
+    assert code == launch.EXIT_RENDEZVOUS_LOST and code >= 128

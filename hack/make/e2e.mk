@@ -1,0 +1,24 @@
+# End-to-end tests and the demo (issue 6; docs/e2e.md). Real DDP training on a real node with failures injected.
+E2E_ARGS ?=
+
+.PHONY: e2e
+e2e: venv tools node-tools ## Build images if needed, then pytest tests/e2e (starts its own real-node cluster; root)
+	@docker image inspect ddpjob-operator:dev ddpjob-worker:dev >/dev/null 2>&1 || bash hack/images.sh
+	env -u KUBECONFIG $(PY) -m pytest tests/e2e -m e2e --durations=0 $(E2E_ARGS)
+
+# kind recipe (a laptop with Docker), same suite against the current KUBECONFIG:
+#   make images && kind create cluster
+#   kind load docker-image ddpjob-operator:dev ddpjob-worker:dev
+#   hack/node/build-images.sh /tmp/img && kind load image-archive /tmp/img/*/probe.tar   # test_real_node only
+#   make e2e-kind
+.PHONY: e2e-kind
+e2e-kind: venv tools ## Run tests/e2e against the current KUBECONFIG (e.g. kind after `kind load docker-image`)
+	@test -n "$$KUBECONFIG" || { echo "set KUBECONFIG (kind: kind get kubeconfig > /tmp/kind.kubeconfig)"; exit 2; }
+	DDPJOB_REQUIRE_KUBECONFIG=1 $(PY) -m pytest tests/e2e -m e2e --durations=0 $(E2E_ARGS)
+
+# DEMO_DOWN=1 tears the cluster down at the end; otherwise it stays up (make cluster-down removes it).
+DEMO_DOWN ?=
+.PHONY: demo
+demo: venv tools node-tools ## Real-node cluster + Helm-installed operator + the CPU example, followed live to Succeeded
+	@docker image inspect ddpjob-operator:dev ddpjob-worker:dev >/dev/null 2>&1 || bash hack/images.sh
+	$(PY) hack/demo.py --dir $(CLUSTER_DIR) $(if $(DEMO_DOWN),--down)

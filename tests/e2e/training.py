@@ -1,0 +1,373 @@
+"""Helpers for tests/e2e/test_training.py and hack/demo.py: images onto the real node, the Helm-installed operator,
+a small CPU DDPJob running the example trainer, fault injection, and reading logs, progress and the final model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import Cluster, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "ddpjob-operator"
+OPERATOR_IMAGE = os.environ.get("DDPJOB_E2E_OPERATOR_IMAGE", "ddpjob-operator:dev")
+WORKER_IMAGE = os.environ.get("DDPJOB_E2E_WORKER_IMAGE", "ddpjob-worker:dev")
+RELEASE, OPERATOR_NS = "ddpjob-operator", "ddpjob-system"
+
+# Small enough for ~1 min of training on 2 shared cores, long enough that a fault lands after a checkpoint
+# and well before the end. --step-delay stretches steps so the injection point is not a race.
+EPOCHS, STEPS_PER_EPOCH, CHECKPOINT_EVERY = 3, 40, 10
+TRAINER_ARGS = [
+    "python", "-m", "ddpjob_worker.examples.charlm", "--epochs", str(EPOCHS),
+    "--steps-per-epoch", str(STEPS_PER_EPOCH), "--batch-size", "16", "--d-model", "64",
+    "--checkpoint-every", str(CHECKPOINT_EVERY), "--log-every", "1", "--step-delay", "0.25",
+    "--seed", "1234", "--save-final", "/checkpoints/final.pt",
+]
+TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
+
+STEP_RE = re.compile(r"rank=(\d+)/\d+\] ddpjob\.charlm: epoch (\d+) step (\d+)/\d+ loss ([0-9.]+)")
+RESUMED_RE = re.compile(r"resumed from checkpoint step-(\d+)")
+
+# Run in a helper pod on the checkpoint volume after the job: which checkpoints exist, and a digest of the
+# final parameters over every tensor's exact bytes (names sorted), so "equal" means bitwise equal.
+INSPECT_SCRIPT = r"""
+import hashlib, json, os, torch
+root = "/checkpoints"
+params = torch.load(os.path.join(root, "final.pt"), map_location="cpu", weights_only=True)
+h = hashlib.sha256()
+for name in sorted(params):
+    t = params[name].contiguous()
+    h.update(name.encode()); h.update(str(t.dtype).encode()); h.update(str(tuple(t.shape)).encode())
+    h.update(t.numpy().tobytes())
+print(json.dumps({"sha256": h.hexdigest(), "tensors": len(params),
+                  "entries": sorted(e for e in os.listdir(root) if not e.startswith("."))}))
+"""
+
+
+def log(msg: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def helm() -> str:
+    from tests.cluster.controlplane import tool
+
+    return str(tool("helm"))
+
+
+# --- images -------------------------------------------------------------------------------------------------------
+
+def image_id(image: str) -> str:
+    return subprocess.run(["docker", "image", "inspect", "-f", "{{.Id}}", image], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def stream_import(cluster_dir: Path, image: str) -> None:
+    """`docker save IMAGE | ctr images import -` into the node's containerd (k8s.io namespace): no tarball on
+    disk (the worker image is ~6 GB and the node's kubelet evicts images once the disk runs low)."""
+    from tests.cluster.node import NodeState
+
+    ns = NodeState.load(cluster_dir.resolve())
+    if ns is None:
+        raise AssertionError(f"no real node in {cluster_dir}")
+    save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
+    ctr = subprocess.run(["ctr", "--address", str(ns.socket), "--namespace", "k8s.io", "images", "import",
+                          "--no-unpack", "-"], stdin=save.stdout, capture_output=True, text=True, check=False)
+    assert save.stdout is not None
+    save.stdout.close()
+    if save.wait() != 0 or ctr.returncode != 0:
+        raise AssertionError(f"importing {image} failed: docker save exit {save.returncode}, "
+                             f"ctr exit {ctr.returncode}: {ctr.stderr}")
+
+
+def import_images(cluster_dir: Path, images: list[str]) -> None:
+    """Put the images into the local real node's containerd. A stamp in the cluster directory (whose containerd
+    lives and dies with it) skips images already imported with the same ID."""
+    from tests.cluster.node import NodeState
+
+    ns = NodeState.load(cluster_dir.resolve())
+    # Keyed by this node's containerd PID: a stamp left by an earlier node in the same directory never counts.
+    node = f"containerd-{ns.pids.get('containerd') if ns else None}"
+    stamp = cluster_dir / "e2e-images.json"
+    done: dict[str, str] = json.loads(stamp.read_text()) if stamp.exists() else {}
+    if done.get("node") != node:
+        done = {"node": node}
+    for image in images:
+        if done.get(image) == image_id(image):
+            log(f"{image} already imported into the real node")
+            continue
+        t0 = time.monotonic()
+        stream_import(cluster_dir, image)
+        done[image] = image_id(image)
+        stamp.write_text(json.dumps(done))
+        log(f"imported {image} into the real node ({time.monotonic() - t0:.0f}s)")
+
+
+# --- operator -----------------------------------------------------------------------------------------------------
+
+def helm_install_operator(cluster: Cluster) -> None:
+    """`helm upgrade --install` the chart with the local operator image and wait for its Deployment."""
+    repo, _, tag = OPERATOR_IMAGE.rpartition(":")
+    t0 = time.monotonic()
+    proc = subprocess.run(
+        [helm(), "upgrade", "--install", RELEASE, str(CHART), "--kubeconfig", str(cluster.kubeconfig),
+         "-n", OPERATOR_NS, "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+         "--set", "image.pullPolicy=IfNotPresent", "--wait", "--timeout", "5m"],
+        check=False, capture_output=True, text=True,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"helm install failed ({proc.returncode}):\n{proc.stderr}\n"
+                             f"{cluster.kubectl('get', 'pods', '-n', OPERATOR_NS, '-o', 'wide', check=False).stdout}")
+    cluster.kubectl("-n", OPERATOR_NS, "rollout", "status", f"deployment/{RELEASE}", "--timeout=120s")
+    log(f"operator installed with Helm and Ready ({time.monotonic() - t0:.0f}s)")
+
+
+def helm_uninstall_operator(cluster: Cluster) -> None:
+    subprocess.run([helm(), "uninstall", RELEASE, "--kubeconfig", str(cluster.kubeconfig), "-n", OPERATOR_NS,
+                    "--wait", "--timeout", "2m"], capture_output=True, text=True, check=False)
+    cluster.kubectl("delete", "namespace", OPERATOR_NS, "--wait=false", check=False)
+
+
+# --- the job ------------------------------------------------------------------------------------------------------
+
+def storage_class(cluster: Cluster) -> str | None:
+    """The local real node's class (pins pods to it); elsewhere (kind) the cluster's default."""
+    return "ddpjob-local" if cluster.kubectl("get", "storageclass", "ddpjob-local",
+                                              check=False).returncode == 0 else None
+
+
+def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], storage: str | None,
+                    args: list[str] | None = None) -> dict[str, Any]:
+    volume_claim: dict[str, Any] = {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}
+    if storage:
+        volume_claim["storageClassName"] = storage
+    return {
+        "apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": 2, "nprocPerNode": "1", "maxRestarts": 3,
+            "template": {"spec": {
+                "nodeSelector": node_selector,
+                # fsGroup: the local PV's directory is root's; the worker runs as UID 10001.
+                "securityContext": {"fsGroup": 10001},
+                "terminationGracePeriodSeconds": 45,
+                "containers": [{
+                    "name": "worker", "image": WORKER_IMAGE, "imagePullPolicy": "IfNotPresent",
+                    # One thread per worker: two workers share two cores.
+                    "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+                    "args": args or TRAINER_ARGS,
+                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
+                }],
+            }},
+            "checkpoint": {"mountPath": "/checkpoints", "volumeClaim": volume_claim, "retainOnDelete": False},
+            # Running: the rendezvous pod goes at the end; Completed workers (and their logs) stay.
+            "runPolicy": {"backoffLimit": 6, "cleanPodPolicy": "Running"},
+        },
+    }
+
+
+def get_json(cluster: Cluster, *args: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+    return data
+
+
+def job_status(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    status: dict[str, Any] = get_json(cluster, "ddpjob", name, "-n", ns).get("status") or {}
+    return status
+
+
+def describe_job(cluster: Cluster, ns: str, name: str) -> str:
+    pods = cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout
+    status = json.dumps(job_status(cluster, ns, name), indent=1)[-2500:]
+    events = cluster.kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False).stdout[-2500:]
+    return f"{pods}\nstatus: {status}\nevents:\n{events}"
+
+
+def wait_job_state(cluster: Cluster, ns: str, name: str, state: str, timeout: float) -> dict[str, Any]:
+    """Wait for `state`; a job that reaches Failed instead fails the test at once with its conditions."""
+    def check() -> dict[str, Any] | str | None:
+        status = job_status(cluster, ns, name)
+        if status.get("state") == state or (status.get("state") == "Failed" and state != "Failed"):
+            return status
+        return None
+
+    status = wait_for(check, timeout=timeout, interval=1, describe=f"DDPJob {ns}/{name} {state}",
+                      state=lambda: describe_job(cluster, ns, name))
+    assert isinstance(status, dict)
+    if status.get("state") != state:
+        raise AssertionError(f"DDPJob {ns}/{name} is {status.get('state')}, not {state}: "
+                             f"lastFailure {json.dumps(status.get('lastFailure'))[-1500:]}\n"
+                             f"{describe_job(cluster, ns, name)}")
+    return status
+
+
+def wait_checkpoint(cluster: Cluster, ns: str, name: str, at_least: int, timeout: float = 300) -> int:
+    """Wait until rank 0 reported a checkpoint at or past `at_least` (status.progress, written by the worker);
+    returns the reported step."""
+    def check() -> int | None:
+        progress = job_status(cluster, ns, name).get("progress") or {}
+        step = int((progress.get("lastCheckpoint") or {}).get("step") or 0)
+        return step if step >= at_least else None
+
+    return wait_for(check, timeout=timeout, interval=0.5, describe=f"a checkpoint at step >= {at_least}",
+                    state=lambda: describe_job(cluster, ns, name))
+
+
+def worker_pods(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
+    pods: list[dict[str, Any]] = get_json(cluster, "pods", "-n", ns, "-l",
+                                          f"ddpjob.io/job-name={name}")["items"]
+    return pods
+
+
+def pod_uid(cluster: Cluster, ns: str, pod: str) -> str:
+    uid: str = get_json(cluster, "pod", pod, "-n", ns)["metadata"]["uid"]
+    return uid
+
+
+# --- faults -------------------------------------------------------------------------------------------------------
+
+# Inside the worker container (no ps/pgrep in the image): the training process is the python child of torchrun,
+# which is PID 1 (ddp-worker execs the launcher). Kill every child of PID 1 whose cmdline runs the trainer.
+KILL_TRAINER = r"""
+import os, signal, sys
+killed = []
+for pid in os.listdir("/proc"):
+    if not pid.isdigit() or pid == "1":
+        continue
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+    except OSError:
+        continue
+    if ppid == 1 and "charlm" in cmd:
+        os.kill(int(pid), signal.SIGKILL)
+        killed.append(int(pid))
+print(killed)
+sys.exit(0 if killed else 3)
+"""
+
+
+def kill9_trainer(cluster: Cluster, ns: str, pod: str) -> list[int]:
+    out = cluster.kubectl("exec", "-n", ns, pod, "-c", "worker", "--", "python", "-c", KILL_TRAINER).stdout
+    pids: list[int] = json.loads(out.strip().splitlines()[-1])
+    return pids
+
+
+def delete_pod(cluster: Cluster, ns: str, pod: str) -> None:
+    cluster.kubectl("delete", "pod", pod, "-n", ns, "--wait=false")
+
+
+# --- results ------------------------------------------------------------------------------------------------------
+
+def parse_ts(stamp: str) -> float:
+    """kubectl --timestamps (RFC3339 with nanoseconds) -> epoch seconds."""
+    stamp = stamp.rstrip("Z")
+    head, _, frac = stamp.partition(".")
+    return datetime.fromisoformat(head + "+00:00").timestamp() + float(f"0.{frac or '0'}")
+
+
+@dataclass
+class RunLogs:
+    """Every worker pod's log, with the kubelet's timestamps, as (time, pod, line)."""
+    lines: list[tuple[float, str, str]] = field(default_factory=list)
+
+    @classmethod
+    def collect(cls, cluster: Cluster, ns: str, name: str, previous: dict[str, str] | None = None) -> RunLogs:
+        out = cls()
+        texts = dict(previous or {})
+        for pod in worker_pods(cluster, ns, name):
+            pname = pod["metadata"]["name"]
+            if pod["metadata"]["labels"].get("ddpjob.io/replica-type") != "worker":
+                continue
+            key = f"{pname}@{pod['metadata']['uid'][:8]}"
+            texts[key] = cluster.kubectl("logs", "-n", ns, pname, "-c", "worker", "--timestamps",
+                                         check=False).stdout
+        for key, text in texts.items():
+            for raw in text.splitlines():
+                stamp, _, line = raw.partition(" ")
+                try:
+                    out.lines.append((parse_ts(stamp), key, line))
+                except ValueError:
+                    continue
+        out.lines.sort(key=lambda item: item[0])
+        return out
+
+    def losses(self) -> dict[tuple[int, int, int], str]:
+        """(rank, epoch, step-in-epoch) -> the loss as logged; a step repeated after a resume keeps its last
+        value (the one the finished run is built on)."""
+        curve: dict[tuple[int, int, int], str] = {}
+        for _, _, line in self.lines:
+            if m := STEP_RE.search(line):
+                curve[(int(m[1]), int(m[2]), int(m[3]))] = m[4]
+        return curve
+
+    def resumes(self, after: float = 0.0) -> list[tuple[float, str, int]]:
+        return [(t, pod, int(m[1])) for t, pod, line in self.lines if t >= after and (m := RESUMED_RE.search(line))]
+
+    def first_step_after(self, after: float) -> float | None:
+        """Time of the first training step logged after `after` following a resume: the moment training was
+        making progress again (every rank steps together: a DDP step is a collective)."""
+        resumed = [t for t, _, _ in self.resumes(after)]
+        if not resumed:
+            return None
+        start = min(resumed)
+        steps = [t for t, _, line in self.lines if t > start and STEP_RE.search(line)]
+        return min(steps) if steps else None
+
+    def text(self, tail: int = 60) -> str:
+        return "\n".join(f"{pod}: {line}" for _, pod, line in self.lines[-tail:])
+
+
+def inspect_volume(cluster: Cluster, ns: str, name: str, node_selector: dict[str, str]) -> dict[str, Any]:
+    """Run a helper pod (the worker image) on the job's checkpoint PVC; returns INSPECT_SCRIPT's JSON."""
+    pod = f"{name}-inspect"
+    manifest = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": ns},
+        "spec": {"restartPolicy": "Never", "nodeSelector": node_selector, "terminationGracePeriodSeconds": 1,
+                 "securityContext": {"fsGroup": 10001},
+                 "containers": [{"name": "inspect", "image": WORKER_IMAGE, "imagePullPolicy": "IfNotPresent",
+                                 "command": ["python", "-c", INSPECT_SCRIPT],
+                                 "volumeMounts": [{"name": "ckpt", "mountPath": "/checkpoints",
+                                                   "readOnly": True}]}],
+                 "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": f"{name}-checkpoints"}}]},
+    }
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    wait_for(lambda: get_json(cluster, "pod", pod, "-n", ns)["status"].get("phase") in ("Succeeded", "Failed"),
+             timeout=180, interval=1, describe=f"helper pod {pod} finished",
+             state=lambda: cluster.kubectl("describe", "pod", pod, "-n", ns).stdout[-2500:])
+    logs = cluster.kubectl("logs", "-n", ns, pod).stdout
+    assert get_json(cluster, "pod", pod, "-n", ns)["status"]["phase"] == "Succeeded", logs
+    result: dict[str, Any] = json.loads(logs.strip().splitlines()[-1])
+    return result
+
+
+# --- results over the session ---------------------------------------------------------------------------------------
+
+RESULTS_FILE = Path(os.environ.get("DDPJOB_E2E_RESULTS", Path(tempfile.gettempdir()) / "ddpjob-e2e-results.json"))
+RESULTS: dict[str, Any] = {}
+
+
+def record(run: str, **data: Any) -> None:
+    """Keep one run's numbers; the file is rewritten after every run so a crash keeps what was measured."""
+    RESULTS[run] = data
+    RESULTS_FILE.write_text(json.dumps(RESULTS, indent=2, sort_keys=True) + "\n")
+
+
+def summary_lines() -> list[str]:
+    if not RESULTS:
+        return []
+    lines = [f"ddpjob e2e training runs (also in {RESULTS_FILE}):",
+             f"  {'run':<22} {'wall s':>7} {'recovery s':>11} {'resumed from':>13} {'restarts':>9}  params"]
+    for run, d in RESULTS.items():
+        rec = d.get("recovery_seconds")
+        lines.append(f"  {run:<22} {d.get('wall_seconds', 0):>7.1f} {'-' if rec is None else f'{rec:.1f}':>11} "
+                     f"{d.get('resumed_from_step') or '-'!s:>13} {d.get('restarts', 0):>9}  "
+                     f"{d.get('params', '')}")
+    return lines
