@@ -58,6 +58,17 @@ def _live(kubeconfig: Path) -> bool:
     return proc.returncode == 0
 
 
+def live_kubeconfig() -> Path | None:
+    """KUBECONFIG when it points at a live cluster (the tests then use it as is), else None; fails the
+    session when DDPJOB_REQUIRE_KUBECONFIG is set and the given cluster does not answer."""
+    env = os.environ.get("KUBECONFIG")
+    if env and _live(Path(env)):
+        return Path(env)
+    if env and os.environ.get("DDPJOB_REQUIRE_KUBECONFIG"):
+        pytest.fail(f"KUBECONFIG={env} does not answer /readyz and DDPJOB_REQUIRE_KUBECONFIG is set")
+    return None
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The cluster under test: KUBECONFIG if it points at a live cluster, else a fresh local control plane.
@@ -65,12 +76,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     The local one is started once per session and torn down at exit. If it cannot be built or started the
     tests fail with the reason; they are never skipped silently.
     """
-    env = os.environ.get("KUBECONFIG")
-    if env and _live(Path(env)):
-        yield Cluster(Path(env))
+    given = live_kubeconfig()
+    if given is not None:
+        yield Cluster(given)
         return
-    if env and os.environ.get("DDPJOB_REQUIRE_KUBECONFIG"):
-        pytest.fail(f"KUBECONFIG={env} does not answer /readyz and DDPJOB_REQUIRE_KUBECONFIG is set")
     from tests.cluster.controlplane import down, up
 
     directory = tmp_path_factory.mktemp("cluster")

@@ -4,13 +4,11 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import Cluster, _live
+from tests.conftest import Cluster, live_kubeconfig
 from tests.e2e.hostcheck import HostSnapshot
 
 REAL_NODE_LABEL = "ddpjob.io/real-node"
@@ -20,12 +18,10 @@ REAL_NODE_LABEL = "ddpjob.io/real-node"
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Overrides tests/conftest.py's fixture for e2e: without a live KUBECONFIG, start the local cluster with
     real_node=True, and after `down` fail the session if anything of it is left on the host."""
-    env = os.environ.get("KUBECONFIG")
-    if env and _live(Path(env)):
-        yield Cluster(Path(env))
+    given = live_kubeconfig()
+    if given is not None:
+        yield Cluster(given)
         return
-    if env and os.environ.get("DDPJOB_REQUIRE_KUBECONFIG"):
-        pytest.fail(f"KUBECONFIG={env} does not answer /readyz and DDPJOB_REQUIRE_KUBECONFIG is set")
     from tests.cluster.controlplane import down, up
 
     directory = tmp_path_factory.mktemp("cluster")
