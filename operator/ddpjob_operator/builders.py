@@ -66,6 +66,13 @@ def _merge_env(user: list[Obj], contract: dict[str, str]) -> list[Obj]:
     return kept + [{"name": k, "value": v} for k, v in contract.items()]
 
 
+def _child(api_version: str, kind: str, name: str, job: DDPJob, labels: Obj | None = None, **body: Any) -> Obj:
+    """A namespaced child object of ``job`` with the standard metadata; ``body`` holds its top-level fields."""
+    metadata = {"name": name, "namespace": job.namespace, "labels": names.job_labels(job.name) if labels is None
+                else labels}
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, **body}
+
+
 def build_worker_pod(job: DDPJob, index: int, generation: int = 0) -> Obj:
     """Worker pod ``<job>-worker-<index>`` from the template, with env contract, volume and DNS identity."""
     template = copy.deepcopy(job.spec.template)
@@ -172,33 +179,20 @@ def build_rendezvous_pod(job: DDPJob) -> Obj:
         if key in tmpl_spec:
             spec[key] = copy.deepcopy(tmpl_spec[key])
     labels = {**names.job_labels(job.name), names.LABEL_REPLICA_TYPE: names.TYPE_RENDEZVOUS}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": job.namespace, "labels": labels},
-        "spec": spec,
-    }
+    return _child("v1", "Pod", name, job, labels, spec=spec)
 
 
 def build_service(job: DDPJob) -> Obj:
     """Headless Service giving every pod a stable DNS name, published before the pods are Ready."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": names.service_name(job.name),
-            "namespace": job.namespace,
-            "labels": names.job_labels(job.name),
-        },
-        "spec": {
-            "clusterIP": "None",
-            # Workers resolve each other and the store while still starting (pytorch#73682): no nslookup
-            # init-container hacks needed.
-            "publishNotReadyAddresses": True,
-            "selector": {names.LABEL_JOB_NAME: job.name},
-            "ports": [{"name": "rdzv", "port": job.spec.rendezvous.port, "targetPort": job.spec.rendezvous.port}],
-        },
-    }
+    port = job.spec.rendezvous.port
+    return _child("v1", "Service", names.service_name(job.name), job, spec={
+        "clusterIP": "None",
+        # Workers resolve each other and the store while still starting (pytorch#73682): no nslookup
+        # init-container hacks needed.
+        "publishNotReadyAddresses": True,
+        "selector": {names.LABEL_JOB_NAME: job.name},
+        "ports": [{"name": "rdzv", "port": port, "targetPort": port}],
+    })
 
 
 def build_pvc(job: DDPJob) -> Obj | None:
@@ -209,42 +203,19 @@ def build_pvc(job: DDPJob) -> Obj | None:
     spec: Obj = {"accessModes": list(vc.access_modes), "resources": {"requests": {"storage": vc.size}}}
     if vc.storage_class_name:
         spec["storageClassName"] = vc.storage_class_name
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {
-            "name": names.pvc_name(job.name),
-            "namespace": job.namespace,
-            "labels": names.job_labels(job.name),
-        },
-        "spec": spec,
-    }
+    return _child("v1", "PersistentVolumeClaim", names.pvc_name(job.name), job, spec=spec)
 
 
 def build_service_account(job: DDPJob) -> Obj:
     """Per-job ServiceAccount of the workers (per job, so its Role can name exactly one DDPJob)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": {
-            "name": names.worker_service_account_name(job.name),
-            "namespace": job.namespace,
-            "labels": names.job_labels(job.name),
-        },
-    }
+    return _child("v1", "ServiceAccount", names.worker_service_account_name(job.name), job)
 
 
 def build_role(job: DDPJob) -> Obj:
     """Role allowing only ``patch`` of this one DDPJob's status (rank 0 reports progress)."""
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {
-            "name": names.worker_service_account_name(job.name),
-            "namespace": job.namespace,
-            "labels": names.job_labels(job.name),
-        },
-        "rules": [
+    return _child(
+        "rbac.authorization.k8s.io/v1", "Role", names.worker_service_account_name(job.name), job,
+        rules=[
             {
                 "apiGroups": [GROUP],
                 "resources": [f"{PLURAL}/status"],
@@ -252,19 +223,17 @@ def build_role(job: DDPJob) -> Obj:
                 "verbs": ["patch"],
             }
         ],
-    }
+    )
 
 
 def build_role_binding(job: DDPJob) -> Obj:
     """Binds the worker ServiceAccount to its Role."""
     name = names.worker_service_account_name(job.name)
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": name, "namespace": job.namespace, "labels": names.job_labels(job.name)},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
-    }
+    return _child(
+        "rbac.authorization.k8s.io/v1", "RoleBinding", name, job,
+        roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        subjects=[{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
+    )
 
 
 def build_static_children(job: DDPJob) -> list[Obj]:
