@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.cluster.controlplane import down, free_port, up  # noqa: E402
+from tests.integration.operator_support import small_job  # noqa: E402
 
 BENCH_UA = "ddpjob-bench"
 OTHER_UAS = ("kube-controller-manager", "kube-scheduler", "kwok", "kubectl", BENCH_UA, "kube-apiserver")
@@ -56,15 +57,6 @@ def proc_peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return 0.0
-
-
-def job_manifest(name: str, workers: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": name},
-        "spec": {"replicas": workers,
-                 "template": {"spec": {"containers": [{"name": "worker", "image": "ddpjob-worker:dev",
-                                                       "args": ["python", "-m", "ddpjob_worker.examples.charlm"]}]}}},
-    }
 
 
 def count_pods(core: Any, ns: str, selector: str, phase: str | None = None) -> int:
@@ -136,7 +128,7 @@ def run_operator_case(kubeconfig: Path, n: int, workers: int, logdir: Path, audi
         wall0 = time.time()
         with ThreadPoolExecutor(16) as pool:
             list(pool.map(lambda i: custom.create_namespaced_custom_object(
-                "ddpjob.io", "v1alpha1", ns, "ddpjobs", job_manifest(f"job-{i}", workers)), range(n)))
+                "ddpjob.io", "v1alpha1", ns, "ddpjobs", small_job(f"job-{i}", workers)), range(n)))
         t_submitted = time.monotonic()
         sel = "ddpjob.io/replica-type=worker"
         t_pods = wait_until(lambda: count_pods(core, ns, sel) >= n * workers, 1800, "all worker pods")

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -165,7 +164,3 @@ def small_job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
     }
     body.update(spec)
     return {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": name}, "spec": body}
-
-
-def until(deadline_s: float) -> float:
-    return time.monotonic() + deadline_s
