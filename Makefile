@@ -21,8 +21,12 @@ venv: ## Create .venv and install ddpjob with dev extras (idempotent)
 tools: ## Build the pinned cluster tools (k8s v1.34, etcd, kwok, helm) into ~/.cache/ddpjob (cached)
 	@bash hack/install-tools.sh
 
+# `make test` is what CI runs (.ci/run): everything, the real-node e2e tier included (root, ~15 GB free disk).
 .PHONY: test
-test: venv tools ## Run lint, type checks, unit and integration tests (starts its own control plane)
+test: test-fast e2e ## Run every test: lint, types, unit, integration, then the e2e tier on a local real node
+
+.PHONY: test-fast
+test-fast: venv tools ## Run lint, type checks, unit and integration tests (no root, no Docker; ~4 min)
 	$(VENV)/bin/ruff check operator worker tests bench
 	$(VENV)/bin/mypy
 	$(PY) -m pytest tests -m "not e2e" -q

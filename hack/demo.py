@@ -86,12 +86,6 @@ def main() -> int:
         t.helm_install_operator(cluster)
         job = yaml.safe_load(args.manifest.read_text())
         name = job["metadata"]["name"]
-        if t.storage_class(cluster) == "ddpjob-local":
-            # The local real node: the default class (kube-controller-manager's hostPath provisioner) makes
-            # root-only 0750 directories the worker (UID 10001) cannot write; ddpjob-local PVs honour fsGroup.
-            job["spec"]["checkpoint"].setdefault("volumeClaim", {})["storageClassName"] = "ddpjob-local"
-            job["spec"]["template"]["spec"].setdefault("securityContext", {}).setdefault("fsGroup", 10001)
-            console.print("real node: checkpoint PVC in StorageClass ddpjob-local, fsGroup 10001")
         cluster.kubectl("delete", "ddpjob", name, "-n", args.namespace, "--ignore-not-found", "--wait=true")
         cluster.kubectl("delete", "pvc", f"{name}-checkpoints", "-n", args.namespace, "--ignore-not-found")
         cluster.kubectl("apply", "-n", args.namespace, "-f", "-", stdin=json.dumps(job))

@@ -2,9 +2,8 @@
 E2E_ARGS ?=
 
 .PHONY: e2e
-e2e: venv tools node-tools ## Build images if needed, then pytest tests/e2e (starts its own real-node cluster; root)
-	@docker image inspect ddpjob-operator:dev ddpjob-worker:dev >/dev/null 2>&1 || bash hack/images.sh
-	env -u KUBECONFIG $(PY) -m pytest tests/e2e -m e2e --durations=0 $(E2E_ARGS)
+e2e: venv tools node-tools ## Build the images, then tests/images and tests/e2e on a local real node (root)
+	PY=$(PY) E2E_ARGS="$(E2E_ARGS)" bash hack/e2e.sh
 
 # kind recipe (a laptop with Docker), same suite against the current KUBECONFIG:
 #   make images && kind create cluster

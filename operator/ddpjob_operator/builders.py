@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ddpjob_worker.contract import WorkerEnv
+from ddpjob_worker.contract import WORKER_GID, WorkerEnv
 
 from ddpjob_operator import names
 from ddpjob_operator.spec import API_VERSION, GROUP, PLURAL, WORKER_CONTAINER, DDPJob
@@ -73,6 +73,17 @@ def _child(api_version: str, kind: str, name: str, job: DDPJob, labels: Obj | No
     return {"apiVersion": api_version, "kind": kind, "metadata": metadata, **body}
 
 
+def _default_fs_group(pod_spec: Obj) -> None:
+    # Most provisioners (hostPath, local PVs, many CSI drivers) create the volume root owned by root and not
+    # world-writable, while the worker image runs as UID 10001: without an fsGroup the first checkpoint save
+    # fails with EACCES. OnRootMismatch skips the recursive chown once the root already matches, so a volume
+    # full of checkpoints does not slow every pod start. A user's own fsGroup is left alone.
+    security: Obj = pod_spec.setdefault("securityContext", {})
+    if "fsGroup" not in security:
+        security["fsGroup"] = WORKER_GID
+        security.setdefault("fsGroupChangePolicy", "OnRootMismatch")
+
+
 def build_worker_pod(job: DDPJob, index: int, generation: int = 0) -> Obj:
     """Worker pod ``<job>-worker-<index>`` from the template, with env contract, volume and DNS identity."""
     template = copy.deepcopy(job.spec.template)
@@ -134,6 +145,8 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0) -> Obj:
         terminationGracePeriodSeconds=grace,
     )
     pod_spec.setdefault("serviceAccountName", names.worker_service_account_name(job.name))
+    if claim:
+        _default_fs_group(pod_spec)
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -214,6 +214,9 @@ def start(state: ClusterState, t0: float) -> None:
         path.mkdir(exist_ok=True)
         manifests.append(Template((TEMPLATES / "pv.yaml").read_text()).substitute(
             name=f"{NODE_NAME}-pv-{i}", storage_class=STORAGE_CLASS, path=path, node_name=NODE_NAME))
+    # One default class: ddpjob-local (hack/node/cluster.yaml says why) replaces the hostPath `standard`.
+    cp._kubectl(state, "annotate", "storageclass", "standard", "--overwrite",
+                "storageclass.kubernetes.io/is-default-class=false")
     cp._kubectl(state, "apply", "-f", "-", stdin="\n---\n".join(manifests))
 
     ready = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"

@@ -26,13 +26,12 @@ def _get(cluster: Cluster, *args: str) -> dict[str, Any]:
     return data
 
 
-def _manifests(ns: str, selector: dict[str, str], storage_class: str | None) -> list[dict[str, Any]]:
+def _manifests(ns: str, selector: dict[str, str]) -> list[dict[str, Any]]:
     pod_common: dict[str, Any] = {"nodeSelector": selector, "restartPolicy": "Never",
                                   "terminationGracePeriodSeconds": 1}
     container: dict[str, Any] = {"image": PROBE_IMAGE, "imagePullPolicy": "IfNotPresent"}
+    # The cluster's default StorageClass, as a user's claim would get.
     pvc_spec: dict[str, Any] = {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
-    if storage_class:
-        pvc_spec["storageClassName"] = storage_class
     peer = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "peer", "namespace": ns, "labels": {"app": "peer"}},
             "spec": {**pod_common, "hostname": "peer-0", "subdomain": "peers",
                      "containers": [{**container, "name": "peer", "args": ["serve"],
@@ -64,9 +63,7 @@ def _probe_pod(ns: str, selector: dict[str, str]) -> dict[str, Any]:
 def run_probe(cluster: Cluster, ns: str) -> None:
     """The whole check, shared by both tests below."""
     selector = real_node_selector(cluster)
-    # The local real node's StorageClass; elsewhere (kind) the cluster's default class.
-    has_local = cluster.kubectl("get", "storageclass", "ddpjob-local", check=False).returncode == 0
-    items = _manifests(ns, selector, "ddpjob-local" if has_local else None)
+    items = _manifests(ns, selector)
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 
     def peer_ip() -> str | None:
@@ -107,6 +104,8 @@ def run_probe(cluster: Cluster, ns: str) -> None:
     pvc = _get(cluster, "pvc", "ckpt", "-n", ns)
     assert pvc["status"]["phase"] == "Bound"
     pv = _get(cluster, "pv", pvc["spec"]["volumeName"])
+    if selector:  # the local real node: its local PVs are the default class, not the hostPath `standard`
+        assert pv["spec"]["storageClassName"] == "ddpjob-local", pv["spec"]
     local = Path((pv["spec"].get("local") or pv["spec"].get("hostPath") or {}).get("path", "/nonexistent"))
     if local.is_dir():  # the local real node: the file is on this host, in the PV's directory
         assert (local / "probe" / "written-by-pod.txt").read_text() == "probe\n"

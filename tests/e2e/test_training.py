@@ -50,7 +50,6 @@ class Run:
 class Env:
     cluster: Cluster
     node_selector: dict[str, str]
-    storage: str | None
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +69,7 @@ def env(cluster: Cluster) -> Iterator[Env]:
         pytest.fail(f"no KUBECONFIG given and {cluster_dir} has no real node to import images into")
     t.helm_install_operator(cluster)
     try:
-        yield Env(cluster, real_node_selector(cluster), t.storage_class(cluster))
+        yield Env(cluster, real_node_selector(cluster))
     finally:
         t.helm_uninstall_operator(cluster)
 
@@ -90,7 +89,7 @@ def run_job(env: Env, label: str, fault: Callable[[Env, str], float] | None = No
     ns = _fresh_namespace(cluster, label)
     try:
         t0 = time.monotonic()
-        manifest = t.ddpjob_manifest(JOB, ns, node_selector=env.node_selector, storage=env.storage)
+        manifest = t.ddpjob_manifest(JOB, ns, node_selector=env.node_selector)
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
         t.log(f"{label}: DDPJob {ns}/{JOB} created")
         fault_at = fault(env, ns) if fault else None

@@ -137,25 +137,17 @@ def helm_uninstall_operator(cluster: Cluster) -> None:
 
 # --- the job ------------------------------------------------------------------------------------------------------
 
-def storage_class(cluster: Cluster) -> str | None:
-    """The local real node's class (pins pods to it); elsewhere (kind) the cluster's default."""
-    return "ddpjob-local" if cluster.kubectl("get", "storageclass", "ddpjob-local",
-                                              check=False).returncode == 0 else None
-
-
-def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], storage: str | None,
+def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str],
                     args: list[str] | None = None) -> dict[str, Any]:
+    """The job as a user writes it: the cluster's default StorageClass and no securityContext, so the operator's
+    fsGroup default is what makes the root-owned volume writable for the worker (UID 10001)."""
     volume_claim: dict[str, Any] = {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}
-    if storage:
-        volume_claim["storageClassName"] = storage
     return {
         "apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": name, "namespace": ns},
         "spec": {
             "replicas": 2, "nprocPerNode": "1", "maxRestarts": 3,
             "template": {"spec": {
                 "nodeSelector": node_selector,
-                # fsGroup: the local PV's directory is root's; the worker runs as UID 10001.
-                "securityContext": {"fsGroup": 10001},
                 "terminationGracePeriodSeconds": 45,
                 "containers": [{
                     "name": "worker", "image": WORKER_IMAGE, "imagePullPolicy": "IfNotPresent",

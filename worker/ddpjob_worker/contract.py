@@ -71,6 +71,11 @@ DEFAULT_DNS_WAIT_SECONDS = 300
 #: default policy treats it as permanent: restarting a pod with a broken environment cannot help.
 EXIT_BAD_CONTRACT = 78
 
+#: UID and GID the worker image runs as (Dockerfile: ``USER 10001:10001``). The operator gives worker pods this
+#: ``fsGroup`` so a checkpoint volume whose root the provisioner made root-owned is writable.
+WORKER_UID = 10001
+WORKER_GID = 10001
+
 _NNODES_RE = re.compile(r"^(\d+)(?::(\d+))?$")
 _ENDPOINT_RE = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}$")
 

@@ -88,6 +88,29 @@ def test_checkpoint_volume(checkpoint: dict[str, Any], volume: dict[str, Any]) -
     assert (pvc is not None) == ("volumeClaim" in checkpoint)
 
 
+@pytest.mark.parametrize(
+    ("checkpoint", "security", "expected"),
+    [
+        # A claim: the worker image's GID owns the volume root, however the provisioner created it.
+        ({"volumeClaim": {}}, None, {"fsGroup": 10001, "fsGroupChangePolicy": "OnRootMismatch"}),
+        ({"existingClaim": "mine"}, {"runAsUser": 5}, {"runAsUser": 5, "fsGroup": 10001,
+                                                       "fsGroupChangePolicy": "OnRootMismatch"}),
+        # The user's own fsGroup (and policy, or its absence) wins.
+        ({"volumeClaim": {}}, {"fsGroup": 42}, {"fsGroup": 42}),
+        # emptyDir is world-writable: nothing to add.
+        ({}, None, None),
+    ],
+)
+def test_fs_group_makes_the_checkpoint_claim_writable(
+    checkpoint: dict[str, Any], security: dict[str, Any] | None, expected: dict[str, Any] | None
+) -> None:
+    body = make_job().with_checkpoint(**checkpoint).obj()
+    if security is not None:
+        body["spec"]["template"]["spec"]["securityContext"] = security
+    spec = builders.build_worker_pod(parse_ddpjob(body), 0)["spec"]
+    assert spec.get("securityContext") == expected
+
+
 def test_pvc_defaults() -> None:
     job = parse_ddpjob(make_job().with_checkpoint(volumeClaim={"size": "5Gi", "storageClassName": "fast"}).obj())
     pvc = builders.build_pvc(job)

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The e2e tier (`make e2e`, part of `make test` and so of CI): real containers, real training.
+#   1. hack/images.sh: build ddpjob-operator:dev and ddpjob-worker:dev from the working tree. Always run, so the
+#      tests never exercise stale images; a warm run rebuilds only the code layer (seconds).
+#   2. tests/images: both images under Docker (non-root, no build tools, the worker trains, the operator
+#      answers /healthz against a local control plane).
+#   3. tests/e2e: a local control plane with a real node (containerd, kubelet, kube-proxy, CoreDNS), the images
+#      imported into it, the Helm-installed operator, DDP training with kill -9 and pod deletions.
+# A dockerd that step 1 started is stopped at the end, so a CI run leaves no process behind; one that was
+# already running (`make images` earlier, or the machine's own) is left alone.
+# Environment: PY (default .venv/bin/python), E2E_ARGS (extra pytest arguments for tests/e2e), DDPJOB_CACHE.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=${PY:-.venv/bin/python}
+PIDFILE=${DDPJOB_CACHE:-$HOME/.cache/ddpjob}/dockerd.pid
+
+ours_alive() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+if ours_alive; then keep_dockerd=1; else keep_dockerd=0; fi
+cleanup() { if [ "$keep_dockerd" = 0 ] && ours_alive; then bash hack/images.sh --stop; fi; }
+trap cleanup EXIT
+
+bash hack/images.sh
+# Both suites start their own clusters; a KUBECONFIG from the caller's shell must not redirect them.
+env -u KUBECONFIG "$PY" -m pytest tests/images -m e2e -q
+# shellcheck disable=SC2086  # E2E_ARGS is a list of pytest arguments
+env -u KUBECONFIG "$PY" -m pytest tests/e2e -m e2e --durations=0 ${E2E_ARGS:-}
