@@ -14,7 +14,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PY:-.venv/bin/python}
 PIDFILE=${DDPJOB_CACHE:-$HOME/.cache/ddpjob}/dockerd.pid
 
-ours_alive() { [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; }
+# The same test as images.sh --stop: the recorded PID is alive and is a dockerd (not a reused PID).
+ours_alive() { [ -f "$PIDFILE" ] && [ "$(ps -o comm= -p "$(cat "$PIDFILE")" 2>/dev/null)" = dockerd ]; }
 if ours_alive; then keep_dockerd=1; else keep_dockerd=0; fi
 cleanup() { if [ "$keep_dockerd" = 0 ] && ours_alive; then bash hack/images.sh --stop; fi; }
 trap cleanup EXIT

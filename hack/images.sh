@@ -17,7 +17,9 @@
 #      with the versions pinned to those in .venv, into $CACHE/wheelhouse (outside the repo).
 #   5. A build context in $CACHE/image-context: the repo's git-visible files plus the wheels hardlinked into
 #      hack/wheelhouse/, then `docker build --target operator|worker` with PIP_ARGS=--no-index.
-# Environment: DDPJOB_CACHE (default ~/.cache/ddpjob), TAG (default dev), DOCKER (client binary).
+# Environment: DDPJOB_CACHE (default ~/.cache/ddpjob), TAG (default dev), DOCKER (client binary),
+# DDPJOB_DOCKER_ROOT (--data-root of a dockerd this script starts: a disk with room for the ~18 GB of images and
+# build cache, or an empty directory to measure a cold build).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO=$PWD
@@ -69,7 +71,8 @@ fi
 if ! "$DOCKER" info >/dev/null 2>&1; then
   log "starting dockerd (log: $CACHE/dockerd.log, pid file: $PIDFILE)"
   # setsid: the daemon must outlive this script and not get the terminal's signals.
-  setsid dockerd --iptables=false --ip-forward=false >"$CACHE/dockerd.log" 2>&1 </dev/null &
+  setsid dockerd --iptables=false --ip-forward=false ${DDPJOB_DOCKER_ROOT:+--data-root "$DDPJOB_DOCKER_ROOT"} \
+    >"$CACHE/dockerd.log" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
   for _ in $(seq 120); do "$DOCKER" info >/dev/null 2>&1 && break; sleep 0.5; done
   "$DOCKER" info >/dev/null 2>&1 || { tail -n 30 "$CACHE/dockerd.log"; exit 1; }

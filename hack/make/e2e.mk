@@ -19,5 +19,5 @@ e2e-kind: venv tools ## Run tests/e2e against the current KUBECONFIG (e.g. kind 
 DEMO_DOWN ?=
 .PHONY: demo
 demo: venv tools node-tools ## Real-node cluster + Helm-installed operator + the CPU example, followed live to Succeeded
-	@docker image inspect ddpjob-operator:dev ddpjob-worker:dev >/dev/null 2>&1 || bash hack/images.sh
+	@bash hack/images.sh  # always: the demo must run this tree's code (a warm rebuild takes seconds)
 	$(PY) hack/demo.py --dir $(CLUSTER_DIR) $(if $(DEMO_DOWN),--down)

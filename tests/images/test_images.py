@@ -1,5 +1,6 @@
 """The images built by hack/images.sh, run with Docker: the worker trains, the operator answers its liveness
-probe against a real API server. Slow (torch in a container), so marked e2e and left out of `make test`:
+probe against a real API server. Slow (torch in a container), so marked e2e: `make e2e` (and so `make test`)
+runs them, `make test-fast` does not. Alone:
 
     make images && .venv/bin/python -m pytest tests/images -m e2e
 """
@@ -58,9 +59,11 @@ def test_image_runs_as_non_root_without_build_tools(image: str) -> None:
     assert "No module named pip" in proc.stderr, proc.stdout + proc.stderr
 
 
-def test_operator_image_has_no_torch() -> None:
-    proc = docker("run", "--rm", "--entrypoint", "python", OPERATOR, "-c", "import torch", check=False)
-    assert proc.returncode != 0 and "No module named 'torch'" in proc.stderr
+@pytest.mark.parametrize("module", ["torch", "kubernetes"])
+def test_operator_image_has_no_worker_dependencies(module: str) -> None:
+    """torch (GBs) and the kubernetes client (~126 MB, only the worker's progress reporter uses it) stay out."""
+    proc = docker("run", "--rm", "--entrypoint", "python", OPERATOR, "-c", f"import {module}", check=False)
+    assert proc.returncode != 0 and f"No module named '{module}'" in proc.stderr
 
 
 def test_worker_help() -> None:
