@@ -8,7 +8,8 @@
 #      imported into it, the Helm-installed operator, DDP training with kill -9 and pod deletions.
 # A dockerd that step 1 started is stopped at the end, so a CI run leaves no process behind; one that was
 # already running (`make images` earlier, or the machine's own) is left alone.
-# Environment: PY (default .venv/bin/python), E2E_ARGS (extra pytest arguments for tests/e2e), DDPJOB_CACHE.
+# Environment: PY (default .venv/bin/python), E2E_ARGS (extra pytest arguments for tests/e2e), DDPJOB_CACHE,
+# TMPDIR (where the real node's state goes), DDPJOB_E2E_NEED_GB (free space required there, default 14).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PY:-.venv/bin/python}
@@ -20,7 +21,23 @@ if ours_alive; then keep_dockerd=1; else keep_dockerd=0; fi
 cleanup() { if [ "$keep_dockerd" = 0 ] && ours_alive; then bash hack/images.sh --stop; fi; }
 trap cleanup EXIT
 
+# Fail now, with the fix, rather than 10 minutes in: the real node keeps the 6 GB worker image twice (content and
+# unpacked snapshot) under pytest's temp directory, and its kubelet evicts every image, pause included, once
+# the disk runs low (docs/e2e.md, "Known limits").
+# Checked again after the build, which may have filled the same disk.
+check_disk() {
+  local need=${DDPJOB_E2E_NEED_GB:-14} tmp=${TMPDIR:-/tmp} avail
+  avail=$(df --output=avail -BG "$tmp" | tail -n1 | tr -dc 0-9)
+  if [ "$avail" -lt "$need" ]; then
+    echo "e2e: ${avail} GB free under $tmp, the real node needs ${need} GB (two copies of the 6 GB worker" \
+      "image). Free space there, or point TMPDIR at a larger disk (DDPJOB_E2E_NEED_GB overrides the check)." >&2
+    exit 1
+  fi
+}
+
+check_disk
 bash hack/images.sh
+check_disk
 # Both suites start their own clusters; a KUBECONFIG from the caller's shell must not redirect them.
 env -u KUBECONFIG "$PY" -m pytest tests/images -m e2e -q
 # shellcheck disable=SC2086  # E2E_ARGS is a list of pytest arguments
