@@ -5,8 +5,8 @@
 #
 # With network access that is all: pip installs from PyPI. Offline, put wheels into hack/wheelhouse/ and add
 # `--build-arg PIP_ARGS=--no-index` (hack/images.sh does this from a wheelhouse downloaded on the host).
-# No `# syntax=` line on purpose: it would pull a frontend image; this file works with the legacy builder
-# and with BuildKit as built in.
+# Needs BuildKit (Docker's default builder since 23.0; DOCKER_BUILDKIT=1 on 20.10) for `RUN --mount`. No
+# `# syntax=` line on purpose: it would pull a frontend image; the Dockerfile frontend built into BuildKit does.
 
 # Pinned by tag; pin by digest (python:3.11-slim-bookworm@sha256:...) where your registry is reachable.
 ARG BASE_IMAGE=python:3.11-slim-bookworm
@@ -24,50 +24,57 @@ RUN echo 'ddpjob:x:10001:10001:ddpjob:/home/ddpjob:/usr/sbin/nologin' >>/etc/pas
 
 # Build stages. Dependencies go into /opt/venv, the project itself into /opt/ddpjob (found through a .pth
 # file), so a code change rebuilds a layer of a few hundred KB instead of re-copying the torch-sized venv.
-FROM base AS build-base
-# Extra pip options, e.g. --no-index (offline, wheels from hack/wheelhouse/ only) or --index-url.
-ARG PIP_ARGS=""
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore
-COPY hack/wheelhouse/ /wheelhouse/
-# Only pyproject.toml here: any file copied at this point invalidates the torch-sized layers below.
+# The wheelhouse and the requirement lists are bind-mounted (BuildKit), never copied into a layer, and each
+# final image is built FROM its dependency stage rather than COPYing the venv out of it: the 6 GB worker venv
+# exists once on disk, not three times (wheel layer, build stage, final image).
+FROM base AS requirements
+# Only pyproject.toml here: the requirement lists come from it so they are defined in one place.
 COPY pyproject.toml /src/
-# The requirement lists come from pyproject.toml so they are defined in one place.
-RUN python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
-print("\n".join(p["dependencies"]))' >/src/requirements-operator.txt \
+RUN mkdir /requirements \
  && python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["worker"]))' >/src/requirements-worker.txt
+print("\n".join(p["dependencies"]))' >/requirements/operator.txt \
+ && python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["worker"]))' >/requirements/worker.txt
 
 # deps-<image>: the virtualenv with the dependencies only. pip (and setuptools where nothing needs it) is
-# removed at the end: nothing installs packages at run time.
-FROM build-base AS deps-operator
-# Re-declared per stage: the legacy builder does not pass a parent stage's ARG on (BuildKit does).
-ARG PIP_ARGS
-RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --find-links /wheelhouse ${PIP_ARGS} -r /src/requirements-operator.txt \
+# removed at the end: nothing installs packages at run time. The pip settings are per command, not ENV, so
+# they stay out of the final images.
+FROM base AS deps-operator
+# Extra pip options, e.g. --no-index (offline, wheels from hack/wheelhouse/ only) or --index-url.
+ARG PIP_ARGS=""
+RUN --mount=type=bind,source=hack/wheelhouse,target=/wheelhouse \
+    --mount=type=bind,from=requirements,source=/requirements,target=/requirements \
+    python3 -m venv /opt/venv \
+ && PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore \
+    /opt/venv/bin/pip install --find-links /wheelhouse ${PIP_ARGS} -r /requirements/operator.txt \
  && echo /opt/ddpjob >"$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/ddpjob.pth" \
  && /opt/venv/bin/pip uninstall -y -q pip setuptools
 
-FROM build-base AS deps-worker
-ARG PIP_ARGS
+FROM base AS deps-worker
+ARG PIP_ARGS=""
 # setuptools stays here: torch declares it as a run-time dependency (torch.utils.cpp_extension).
-RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --find-links /wheelhouse ${PIP_ARGS} -r /src/requirements-worker.txt \
+RUN --mount=type=bind,source=hack/wheelhouse,target=/wheelhouse \
+    --mount=type=bind,from=requirements,source=/requirements,target=/requirements \
+    python3 -m venv /opt/venv \
+ && PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore \
+    /opt/venv/bin/pip install --find-links /wheelhouse ${PIP_ARGS} -r /requirements/worker.txt \
  && echo /opt/ddpjob >"$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/ddpjob.pth" \
  && /opt/venv/bin/pip uninstall -y -q pip
 
 # project: ddpjob itself (both packages, the console scripts). Built with a throwaway venv at the same
 # path as the real one so the scripts' `#!/opt/venv/bin/python` lines are right in the final images.
-FROM build-base AS project
-ARG PIP_ARGS
-COPY README.md /src/
+FROM base AS project
+ARG PIP_ARGS=""
+COPY pyproject.toml README.md /src/
 COPY operator/ /src/operator/
 COPY worker/ /src/worker/
-RUN python3 -m venv /opt/venv \
- && /opt/venv/bin/pip install --find-links /wheelhouse ${PIP_ARGS} --no-deps --target /opt/ddpjob /src
+RUN --mount=type=bind,source=hack/wheelhouse,target=/wheelhouse \
+    python3 -m venv /opt/venv \
+ && PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore \
+    /opt/venv/bin/pip install --find-links /wheelhouse ${PIP_ARGS} --no-deps --target /opt/ddpjob /src
 
 # The operator: `ddpjob operator` (the chart passes the flags). Metrics on 8080, kopf liveness on 8081.
-FROM base AS operator
-COPY --from=deps-operator /opt/venv /opt/venv
+FROM deps-operator AS operator
 COPY --from=project /opt/ddpjob /opt/ddpjob
 USER 10001:10001
 WORKDIR /home/ddpjob
@@ -77,8 +84,7 @@ CMD ["operator"]
 
 # The worker: torch (PyPI's default build, CUDA libraries included so one image serves CPU and GPU jobs)
 # and the `ddp-worker` entrypoint that runs torchrun under the env contract set by the operator.
-FROM base AS worker
-COPY --from=deps-worker /opt/venv /opt/venv
+FROM deps-worker AS worker
 COPY --from=project /opt/ddpjob /opt/ddpjob
 USER 10001:10001
 # torch and triton write caches under $HOME; the home directory is writable by the worker user.

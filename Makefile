@@ -42,6 +42,7 @@ lint: venv ## ruff and mypy
 
 .PHONY: cluster-up
 cluster-up: venv tools ## Start the local control plane in .cluster/; the last line is `export KUBECONFIG=...`
+	@$(if $(filter real,$(NODE)),$(MAKE) --no-print-directory node-tools)
 	@$(PY) -m tests.cluster up --dir $(CLUSTER_DIR) $(if $(filter real,$(NODE)),--real-node)
 
 .PHONY: cluster-down

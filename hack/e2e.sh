@@ -21,16 +21,17 @@ if ours_alive; then keep_dockerd=1; else keep_dockerd=0; fi
 cleanup() { if [ "$keep_dockerd" = 0 ] && ours_alive; then bash hack/images.sh --stop; fi; }
 trap cleanup EXIT
 
-# Fail now, with the fix, rather than 10 minutes in: the real node keeps the 6 GB worker image twice (content and
-# unpacked snapshot) under pytest's temp directory, and its kubelet evicts every image, pause included, once
-# the disk runs low (docs/e2e.md, "Known limits").
+# Fail now, with the fix, rather than 10 minutes in: while importing, the real node holds the 6 GB worker image
+# twice under pytest's temp directory (layer blobs, then the unpacked snapshot; the blobs are dropped once
+# unpacked), and its kubelet evicts pods and images, pause included, once the disk runs low (docs/e2e.md,
+# "Known limits").
 # Checked again after the build, which may have filled the same disk.
 check_disk() {
   local need=${DDPJOB_E2E_NEED_GB:-14} tmp=${TMPDIR:-/tmp} avail
   avail=$(df --output=avail -BG "$tmp" | tail -n1 | tr -dc 0-9)
   if [ "$avail" -lt "$need" ]; then
-    echo "e2e: ${avail} GB free under $tmp, the real node needs ${need} GB (two copies of the 6 GB worker" \
-      "image). Free space there, or point TMPDIR at a larger disk (DDPJOB_E2E_NEED_GB overrides the check)." >&2
+    echo "e2e: ${avail} GB free under $tmp, the real node needs ${need} GB (the 6 GB worker image twice while" \
+      "it is imported). Free space there, or point TMPDIR at a larger disk (DDPJOB_E2E_NEED_GB overrides the check)." >&2
     exit 1
   fi
 }

@@ -18,7 +18,7 @@
 #   5. A build context in $CACHE/image-context: the repo's git-visible files plus the wheels hardlinked into
 #      hack/wheelhouse/, then `docker build --target operator|worker` with PIP_ARGS=--no-index.
 # Environment: DDPJOB_CACHE (default ~/.cache/ddpjob), TAG (default dev), DOCKER (client binary),
-# DDPJOB_DOCKER_ROOT (--data-root of a dockerd this script starts: a disk with room for the ~18 GB of images and
+# DDPJOB_DOCKER_ROOT (--data-root of a dockerd this script starts: a disk with room for the ~9 GB of images and
 # build cache, or an empty directory to measure a cold build).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -78,12 +78,16 @@ if ! "$DOCKER" info >/dev/null 2>&1; then
   "$DOCKER" info >/dev/null 2>&1 || { tail -n 30 "$CACHE/dockerd.log"; exit 1; }
   took "dockerd up"
 fi
-progress=()
-# BuildKit where the client has it (buildx, or Debian's 20.10 client which has it built in); else legacy.
+# BuildKit (the Dockerfile bind-mounts the wheelhouse): buildx, or Debian's 20.10 client which has it built in.
 client=$("$DOCKER" version -f '{{.Client.Version}}' 2>/dev/null || true)
-if "$DOCKER" buildx version >/dev/null 2>&1 || [[ $client == 20.* ]]; then
-  export DOCKER_BUILDKIT=1; progress=(--progress=plain)
+if ! "$DOCKER" buildx version >/dev/null 2>&1 && [[ $client != 20.* ]]; then
+  echo "images: the Dockerfile needs BuildKit, but $DOCKER (client $client) has no buildx plugin." \
+    "Install Docker's buildx plugin, or use Debian's docker.io 20.10 client, which has BuildKit built in" \
+    "(apt-get install docker.io; DOCKER=/usr/bin/docker)." >&2
+  exit 1
 fi
+export DOCKER_BUILDKIT=1
+progress=(--progress=plain)
 
 # 3. The base image stand-in.
 if ! "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then

@@ -4,7 +4,8 @@ NODE ?=
 IMAGES ?=
 
 .PHONY: node-tools
-node-tools: ## Build kubelet, kube-proxy and CoreDNS for the real node into ~/.cache/ddpjob (cached)
+node-tools: ## Install the real node's Debian packages (containerd, CNI plugins, ...) and build kubelet, kube-proxy, CoreDNS (cached)
+	@bash hack/node-packages.sh
 	@bash hack/install-tools.sh --node
 
 .PHONY: node-import

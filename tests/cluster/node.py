@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from string import Template
+from typing import IO
 
 from tests.cluster import controlplane as cp
 from tests.cluster import node_host as h
@@ -245,13 +246,49 @@ def _ctr(ns: NodeState, *args: str, check: bool = True) -> str:
     return h.run("ctr", "--address", str(ns.socket), "--namespace", "k8s.io", *args, check=check)
 
 
-def import_images(directory: Path, tarballs: list[Path]) -> None:
-    """Import `docker save` / docker-archive tarballs into the real node's containerd (k8s.io namespace)."""
+def _state(directory: Path) -> NodeState:
     ns = NodeState.load(directory.resolve())
     if ns is None:
         raise StartError(f"no real node in {directory}")
+    return ns
+
+
+def import_images(directory: Path, tarballs: list[Path]) -> None:
+    """Import `docker save` / docker-archive tarballs into the real node's containerd (k8s.io namespace)."""
+    ns = _state(directory)
     for tar in tarballs:
         _ctr(ns, "images", "import", "--no-unpack", str(tar))
+
+
+def import_unpacked(directory: Path, image: str, archive: IO[bytes]) -> int:
+    """Import a `docker save` stream, unpack it into the overlayfs snapshotter now, then delete its layer blobs:
+    the snapshots are all a container needs, and keeping both would hold a 6 GB image twice on a disk whose
+    running low makes the kubelet evict pods and images (docs/e2e.md). Returns the bytes of blobs discarded.
+    containerd 1.6 (Debian's) has no `discard_unpacked_layers` for imports, so this is what that option does."""
+    ns = _state(directory)
+    proc = subprocess.run(["ctr", "--address", str(ns.socket), "--namespace", "k8s.io", "images", "import", "-"],
+                          stdin=archive, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise StartError(f"ctr images import {image} failed ({proc.returncode}): {proc.stderr.strip()}")
+    ref = image if "/" in image.split(":")[0] else f"docker.io/library/{image}"
+    # `images check` columns: REF TYPE DIGEST STATUS SIZE UNPACKED; unpacked is what makes the blobs redundant.
+    row = next((line.split() for line in _ctr(ns, "images", "check", f"name=={ref}").splitlines()[1:]
+                if line.split()[:1] == [ref]), None)
+    if row is None or row[-1] != "true":
+        raise StartError(f"{ref} is not unpacked after import: {row}")
+    layers = _layer_blobs(ns, row[2])
+    if layers:
+        _ctr(ns, "content", "rm", *layers)
+    return sum(layers.values())
+
+
+def _layer_blobs(ns: NodeState, digest: str) -> dict[str, int]:
+    """Layer digest -> size under a manifest or index (docker save writes either, by Docker version)."""
+    doc = json.loads(_ctr(ns, "content", "get", digest))
+    if "manifests" in doc:  # an index: its manifests whose content is here (other platforms were not imported)
+        here = set(_ctr(ns, "content", "ls", "-q").split())
+        return {k: v for m in doc["manifests"] if m["digest"] in here for k, v in _layer_blobs(ns, m["digest"]).items()}
+    return {layer["digest"]: int(layer["size"]) for layer in doc.get("layers", [])}
 
 
 def _leftover_pids(ns: NodeState) -> set[int]:

@@ -69,22 +69,21 @@ def image_id(image: str) -> str:
                           check=True).stdout.strip()
 
 
-def stream_import(cluster_dir: Path, image: str) -> None:
-    """`docker save IMAGE | ctr images import -` into the node's containerd (k8s.io namespace): no tarball on
-    disk (the worker image is ~6 GB and the node's kubelet evicts images once the disk runs low)."""
-    from tests.cluster.node import NodeState
+def stream_import(cluster_dir: Path, image: str) -> int:
+    """`docker save IMAGE | ctr images import -` into the node's containerd (k8s.io namespace), with no tarball on
+    disk and the layer blobs dropped once unpacked (the worker image is ~6 GB; tests.cluster.node.import_unpacked).
+    Returns the bytes discarded."""
+    from tests.cluster.node import import_unpacked
 
-    ns = NodeState.load(cluster_dir.resolve())
-    if ns is None:
-        raise AssertionError(f"no real node in {cluster_dir}")
     save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
-    ctr = subprocess.run(["ctr", "--address", str(ns.socket), "--namespace", "k8s.io", "images", "import",
-                          "--no-unpack", "-"], stdin=save.stdout, capture_output=True, text=True, check=False)
     assert save.stdout is not None
-    save.stdout.close()
-    if save.wait() != 0 or ctr.returncode != 0:
-        raise AssertionError(f"importing {image} failed: docker save exit {save.returncode}, "
-                             f"ctr exit {ctr.returncode}: {ctr.stderr}")
+    try:
+        discarded = import_unpacked(cluster_dir, image, save.stdout)
+    finally:
+        save.stdout.close()
+        if save.wait() != 0:
+            raise AssertionError(f"importing {image} failed: docker save exit {save.returncode}")
+    return discarded
 
 
 def import_images(cluster_dir: Path, images: list[str]) -> None:
@@ -104,10 +103,11 @@ def import_images(cluster_dir: Path, images: list[str]) -> None:
             log(f"{image} already imported into the real node")
             continue
         t0 = time.monotonic()
-        stream_import(cluster_dir, image)
+        discarded = stream_import(cluster_dir, image)
         done[image] = image_id(image)
         stamp.write_text(json.dumps(done))
-        log(f"imported {image} into the real node ({time.monotonic() - t0:.0f}s)")
+        log(f"imported {image} into the real node ({time.monotonic() - t0:.0f}s; "
+            f"{discarded / 1e9:.1f} GB of unpacked layer blobs discarded)")
 
 
 # --- operator -----------------------------------------------------------------------------------------------------
