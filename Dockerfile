@@ -36,30 +36,23 @@ print("\n".join(p["dependencies"]))' >/requirements/operator.txt \
  && python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
 print("\n".join(p["dependencies"] + p["optional-dependencies"]["worker"]))' >/requirements/worker.txt
 
-# deps-<image>: the virtualenv with the dependencies only. pip (and setuptools where nothing needs it) is
-# removed at the end: nothing installs packages at run time. The pip settings are per command, not ENV, so
-# they stay out of the final images.
+# deps-<image>: the virtualenv with the dependencies only (hack/image-venv.sh; pip removed at the end).
 FROM base AS deps-operator
 # Extra pip options, e.g. --no-index (offline, wheels from hack/wheelhouse/ only) or --index-url.
 ARG PIP_ARGS=""
-RUN --mount=type=bind,source=hack/wheelhouse,target=/wheelhouse \
-    --mount=type=bind,from=requirements,source=/requirements,target=/requirements \
-    python3 -m venv /opt/venv \
- && PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore \
-    /opt/venv/bin/pip install --find-links /wheelhouse ${PIP_ARGS} -r /requirements/operator.txt \
- && echo /opt/ddpjob >"$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/ddpjob.pth" \
- && /opt/venv/bin/pip uninstall -y -q pip setuptools
+# setuptools goes too: nothing in the operator needs it at run time.
+RUN --mount=type=bind,source=hack/wheelhouse,target=/tmp/build/wheelhouse \
+    --mount=type=bind,from=requirements,source=/requirements,target=/tmp/build/requirements \
+    --mount=type=bind,source=hack/image-venv.sh,target=/tmp/build/image-venv.sh \
+    PIP_ARGS="${PIP_ARGS}" sh /tmp/build/image-venv.sh /tmp/build/requirements/operator.txt setuptools
 
 FROM base AS deps-worker
 ARG PIP_ARGS=""
-# setuptools stays here: torch declares it as a run-time dependency (torch.utils.cpp_extension).
-RUN --mount=type=bind,source=hack/wheelhouse,target=/wheelhouse \
-    --mount=type=bind,from=requirements,source=/requirements,target=/requirements \
-    python3 -m venv /opt/venv \
- && PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore \
-    /opt/venv/bin/pip install --find-links /wheelhouse ${PIP_ARGS} -r /requirements/worker.txt \
- && echo /opt/ddpjob >"$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/ddpjob.pth" \
- && /opt/venv/bin/pip uninstall -y -q pip
+# setuptools stays: torch declares it as a run-time dependency (torch.utils.cpp_extension).
+RUN --mount=type=bind,source=hack/wheelhouse,target=/tmp/build/wheelhouse \
+    --mount=type=bind,from=requirements,source=/requirements,target=/tmp/build/requirements \
+    --mount=type=bind,source=hack/image-venv.sh,target=/tmp/build/image-venv.sh \
+    PIP_ARGS="${PIP_ARGS}" sh /tmp/build/image-venv.sh /tmp/build/requirements/worker.txt
 
 # project: ddpjob itself (both packages, the console scripts). Built with a throwaway venv at the same
 # path as the real one so the scripts' `#!/opt/venv/bin/python` lines are right in the final images.
@@ -68,10 +61,10 @@ ARG PIP_ARGS=""
 COPY pyproject.toml README.md /src/
 COPY operator/ /src/operator/
 COPY worker/ /src/worker/
-RUN --mount=type=bind,source=hack/wheelhouse,target=/wheelhouse \
+RUN --mount=type=bind,source=hack/wheelhouse,target=/tmp/build/wheelhouse \
     python3 -m venv /opt/venv \
  && PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore \
-    /opt/venv/bin/pip install --find-links /wheelhouse ${PIP_ARGS} --no-deps --target /opt/ddpjob /src
+    /opt/venv/bin/pip install --find-links /tmp/build/wheelhouse ${PIP_ARGS} --no-deps --target /opt/ddpjob /src
 
 # The operator: `ddpjob operator` (the chart passes the flags). Metrics on 8080, kopf liveness on 8081.
 FROM deps-operator AS operator

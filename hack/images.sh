@@ -140,9 +140,15 @@ cp -al "$WHEELHOUSE"/*.whl "$CTX/hack/wheelhouse/" 2>/dev/null || cp "$WHEELHOUS
 took "build context staged in $CTX"
 for target in operator worker; do
   log "docker build --target $target -t ddpjob-$target:$TAG"
+  old=$("$DOCKER" image inspect -f '{{.Id}}' "ddpjob-$target:$TAG" 2>/dev/null || true)
   "$DOCKER" build "${progress[@]}" --target "$target" -t "ddpjob-$target:$TAG" --build-arg PIP_ARGS=--no-index "$CTX" \
     >"$CACHE/build-$target.log" 2>&1 || { tail -n 40 "$CACHE/build-$target.log"; exit 1; }
   took "ddpjob-$target:$TAG built, $("$DOCKER" image inspect -f '{{.Size}}' "ddpjob-$target:$TAG" \
     | awk '{printf "%.0f MB", $1/1e6}')"
+  # The image this build replaced is now untagged; after a dependency change it pins a 6 GB venv layer. Only
+  # that image goes (a container or another tag using it keeps it: rmi then fails, and that is fine).
+  if [ -n "$old" ] && [ "$old" != "$("$DOCKER" image inspect -f '{{.Id}}' "ddpjob-$target:$TAG")" ]; then
+    "$DOCKER" rmi "$old" >/dev/null 2>&1 || true
+  fi
 done
 log "done in $(( $(date +%s) - t_start )) s"

@@ -59,6 +59,18 @@ def test_image_runs_as_non_root_without_build_tools(image: str) -> None:
     assert "No module named pip" in proc.stderr, proc.stdout + proc.stderr
 
 
+@pytest.mark.parametrize("image", [WORKER, OPERATOR])
+def test_image_holds_no_build_inputs(image: str) -> None:
+    """The wheelhouse, requirement lists and install script are bind-mounted during the build, never copied: no
+    wheel (a second copy of torch) and nothing but empty mount points may be left of them. The base image's
+    /usr/share/python-wheels (pip and setuptools for `python3 -m venv`, Debian's python3-venv) is not ours."""
+    script = ("find / -xdev -path /usr/share/python-wheels -prune -o \\( -name '*.whl' -o -name 'requirements*.txt' "
+              "-o -name image-venv.sh \\) ! -empty -print 2>/dev/null; "
+              "ls -d /wheelhouse /requirements /src 2>/dev/null; true")
+    out = docker("run", "--rm", "--entrypoint", "sh", image, "-c", script).stdout
+    assert out == "", f"build inputs left in {image}:\n{out}"
+
+
 @pytest.mark.parametrize("module", ["torch", "kubernetes"])
 def test_operator_image_has_no_worker_dependencies(module: str) -> None:
     """torch (GBs) and the kubernetes client (~126 MB, only the worker's progress reporter uses it) stay out."""
