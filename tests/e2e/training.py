@@ -79,10 +79,11 @@ def stream_import(cluster_dir: Path, image: str) -> int:
     assert save.stdout is not None
     try:
         discarded = import_unpacked(cluster_dir, image, save.stdout)
-    finally:
+    finally:  # an import error propagates as it is (docker save then only died of the closed pipe)
         save.stdout.close()
-        if save.wait() != 0:
-            raise AssertionError(f"importing {image} failed: docker save exit {save.returncode}")
+        save.wait()
+    if save.returncode != 0:
+        raise AssertionError(f"importing {image} failed: docker save exit {save.returncode}")
     return discarded
 
 
