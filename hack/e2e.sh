@@ -23,8 +23,7 @@ trap cleanup EXIT
 
 # Fail now, with the fix, rather than 10 minutes in: while importing, the real node holds the 6 GB worker image
 # twice under pytest's temp directory (layer blobs, then the unpacked snapshot; the blobs are dropped once
-# unpacked), and its kubelet evicts pods and images, pause included, once the disk runs low (docs/e2e.md,
-# "Known limits").
+# unpacked), and its kubelet evicts pods and images, pause included, once the disk runs low (docs/e2e.md, "Disk").
 # Checked again after the build, which may have filled the same disk.
 check_disk() {
   local need=${DDPJOB_E2E_NEED_GB:-14} tmp=${TMPDIR:-/tmp} avail

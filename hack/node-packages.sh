@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the local real node runs on (tests/cluster/node.py checks the same list):
+# Installs the Debian packages the local real node runs on (the one list: tests/cluster/node.py runs --check):
 # containerd and runc (the CRI runtime), containernetworking-plugins (bridge, host-local, loopback, portmap),
 # iptables and conntrack (kube-proxy), gcc and libc6-dev (the pause and probe images are compiled from C).
 # Idempotent: apt-get runs only when something is missing, so a warm run costs a few `command -v` calls.
 # Used by `make node-tools`, and so by `make e2e`, `make demo` and `make cluster-up NODE=real`.
+#   node-packages.sh            install what is missing (root)
+#   node-packages.sh --check    only report what is missing (exit 1 naming the apt-get command)
 set -euo pipefail
+check_only=0
+[ "${1:-}" = "--check" ] && check_only=1
 
 missing=()
-for pair in containerd:containerd ctr:containerd runc:runc iptables:iptables conntrack:conntrack gcc:gcc; do
+for pair in containerd:containerd ctr:containerd runc:runc iptables:iptables iptables-save:iptables \
+    conntrack:conntrack gcc:gcc; do
   command -v "${pair%%:*}" >/dev/null || missing+=("${pair#*:}")
 done
 [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || missing+=(containernetworking-plugins)
 [ -f /usr/include/stdio.h ] || missing+=(libc6-dev)
 [ ${#missing[@]} -eq 0 ] && exit 0
+mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 
-if [ "$(id -u)" != 0 ]; then
-  echo "node-packages: missing ${missing[*]}; as root: apt-get install -y ${missing[*]}" >&2
+if [ "$check_only" = 1 ] || [ "$(id -u)" != 0 ]; then
+  echo "node-packages: missing ${missing[*]}; as root: apt-get install -y ${missing[*]} (or make node-tools)" >&2
   exit 1
 fi
-mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
 echo "[node-packages] apt-get install ${missing[*]}"
 t0=$(date +%s)
 log=$(mktemp)

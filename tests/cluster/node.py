@@ -98,12 +98,11 @@ def _node_tool(name: str) -> Path:
 def _check_host() -> None:
     if os.geteuid() != 0:
         raise StartError("a real node needs root (mounts, bridge, iptables, cgroups)")
-    missing = [b for b in ("containerd", "ctr", "runc", "iptables", "iptables-save", "conntrack", "gcc")
-               if shutil.which(b) is None]
-    missing += [p for p in ("/usr/lib/cni/bridge", "/usr/lib/cni/host-local") if not Path(p).exists()]
-    if missing:
-        raise StartError(f"missing {missing}: apt-get install -y containerd containernetworking-plugins "
-                         "iptables conntrack gcc libc6-dev")
+    # The package list lives in one place, the script that installs them (`make node-tools`).
+    proc = subprocess.run(["bash", str(cp.REPO / "hack" / "node-packages.sh"), "--check"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise StartError(proc.stderr.strip())
 
 
 def _take_lock(directory: Path, t0: float) -> None:
@@ -242,8 +241,12 @@ def _tcp_ok(host: str, port: int) -> bool:
     return True
 
 
+def _ctr_argv(ns: NodeState, *args: str) -> list[str]:
+    return ["ctr", "--address", str(ns.socket), "--namespace", "k8s.io", *args]
+
+
 def _ctr(ns: NodeState, *args: str, check: bool = True) -> str:
-    return h.run("ctr", "--address", str(ns.socket), "--namespace", "k8s.io", *args, check=check)
+    return h.run(*_ctr_argv(ns, *args), check=check)
 
 
 def _state(directory: Path) -> NodeState:
@@ -266,11 +269,11 @@ def import_unpacked(directory: Path, image: str, archive: IO[bytes]) -> int:
     running low makes the kubelet evict pods and images (docs/e2e.md). Returns the bytes of blobs discarded.
     containerd 1.6 (Debian's) has no `discard_unpacked_layers` for imports, so this is what that option does."""
     ns = _state(directory)
-    proc = subprocess.run(["ctr", "--address", str(ns.socket), "--namespace", "k8s.io", "images", "import", "-"],
-                          stdin=archive, capture_output=True, text=True, check=False)
+    proc = subprocess.run(_ctr_argv(ns, "images", "import", "-"), stdin=archive, capture_output=True, text=True,
+                          check=False)
     if proc.returncode != 0:
         raise StartError(f"ctr images import {image} failed ({proc.returncode}): {proc.stderr.strip()}")
-    ref = image if "/" in image.split(":")[0] else f"docker.io/library/{image}"
+    ref = _normalized(image)
     # `images check` columns: REF TYPE DIGEST STATUS SIZE UNPACKED; unpacked is what makes the blobs redundant.
     row = next((line.split() for line in _ctr(ns, "images", "check", f"name=={ref}").splitlines()[1:]
                 if line.split()[:1] == [ref]), None)
@@ -280,6 +283,14 @@ def import_unpacked(directory: Path, image: str, archive: IO[bytes]) -> int:
     if layers:
         _ctr(ns, "content", "rm", *layers)
     return sum(layers.values())
+
+
+def _normalized(image: str) -> str:
+    """The name containerd stores for a `docker save` of `image` (Docker's reference normalization)."""
+    first, _, rest = image.partition("/")
+    if not rest:
+        return f"docker.io/library/{image}"
+    return image if "." in first or ":" in first or first == "localhost" else f"docker.io/{image}"
 
 
 def _layer_blobs(ns: NodeState, digest: str) -> dict[str, int]:
