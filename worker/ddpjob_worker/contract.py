@@ -58,23 +58,59 @@ DDPJOB_REPORT_PROGRESS = "DDPJOB_REPORT_PROGRESS"
 DDPJOB_PROGRESS_FILE = "DDPJOB_PROGRESS_FILE"
 #: Optional: how many checkpoints the library keeps (``spec.checkpoint.keep``); default 3.
 DDPJOB_CHECKPOINT_KEEP = "DDPJOB_CHECKPOINT_KEEP"
-#: Optional: seconds ``ddp-worker`` waits for the rendezvous host to resolve in DNS before starting torchrun
-#: anyway (pytorch#73682: a headless Service's records appear some seconds after the pod starts).
+#: Optional (a user knob): seconds ``ddp-worker`` waits for the rendezvous host to resolve in DNS before it exits
+#: with EXIT_DNS_UNRESOLVED (pytorch#73682: a headless Service's records appear some seconds after the pod starts).
 DDPJOB_DNS_WAIT_SECONDS = "DDPJOB_DNS_WAIT_SECONDS"
+#: File where ``ddp-worker`` writes the one-line root cause of a failure (the container's
+#: ``terminationMessagePath``, ``/dev/termination-log`` by default), so the operator's Events and conditions
+#: say what went wrong instead of a log tail.
+DDPJOB_TERMINATION_LOG = "DDPJOB_TERMINATION_LOG"
 
 DEFAULT_RDZV_PORT = 29400
 DEFAULT_SIGTERM_BUDGET_SECONDS = 60
 DEFAULT_CHECKPOINT_KEEP = 3
 DEFAULT_DNS_WAIT_SECONDS = 300
+DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 #: Exit code of ``ddp-worker`` when the contract is broken (EX_CONFIG from sysexits.h). The operator's
 #: default policy treats it as permanent: restarting a pod with a broken environment cannot help.
 EXIT_BAD_CONTRACT = 78
 
+#: Container exit codes of ``ddp-worker`` beyond the trainer's own. All are >= 128, so the operator's default policy
+#: retries them: each says the pod lost something outside the program, never that the program is broken.
+#: The agent lost the rendezvous store, or its rendezvous timed out or was closed (the store pod was deleted,
+#: restarted or is unreachable); a replacement pod joins the new store.
+EXIT_RENDEZVOUS_LOST = 200
+#: The training group failed because a peer was lost (a collective failed with a connection error or timeout):
+#: the cause is another pod, not this one.
+EXIT_PEER_LOST = 201
+#: The rendezvous host did not resolve within DDPJOB_DNS_WAIT_SECONDS (is the job's headless Service there?).
+EXIT_DNS_UNRESOLVED = 202
+
 #: UID and GID the worker image runs as (Dockerfile: ``USER 10001:10001``). The operator gives worker pods this
 #: ``fsGroup`` so a checkpoint volume whose root the provisioner made root-owned is writable.
 WORKER_UID = 10001
 WORKER_GID = 10001
+
+#: ddpjob variables a template may set: tuning knobs, not identity or wiring.
+USER_SETTABLE_ENV = frozenset({DDPJOB_DNS_WAIT_SECONDS})
+#: What torchrun sets in every training process: a template value would be overwritten or, worse, read by a
+#: script before torchrun's (MASTER_ADDR from a template points every rank at the wrong host).
+TORCHRUN_ENV = frozenset({
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+    "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", TORCH_DISABLE_SHARE_RDZV_TCP_STORE,
+})
+#: Prefixes owned by torchrun (PET_* are its options, TORCHELASTIC_* its run state) and by this contract.
+RESERVED_ENV_PREFIXES = ("PET_", "TORCHELASTIC_", "DDPJOB_")
+
+
+def reserved_env(name: str) -> bool:
+    """True for a variable the contract or torchrun sets in every worker: a pod template may not set it (the
+    operator refuses such a DDPJob before any pod exists, naming the variable)."""
+    if name in USER_SETTABLE_ENV:
+        return False
+    return name in TORCHRUN_ENV or name.startswith(RESERVED_ENV_PREFIXES)
+
 
 _NNODES_RE = re.compile(r"^(\d+)(?::(\d+))?$")
 _ENDPOINT_RE = re.compile(r"^[A-Za-z0-9.\-]+:\d{1,5}$")
@@ -118,6 +154,9 @@ class WorkerEnv:
     """How many valid checkpoints the library keeps (``spec.checkpoint.keep``)."""
     progress_file: str = ""
     """Local JSON progress file for ``ddpjob run``; empty (and not exported) in pods."""
+    termination_log: str = ""
+    """Where ``ddp-worker`` writes the root cause of a failure (the container's terminationMessagePath); empty:
+    not exported, and ``ddp-worker`` uses DEFAULT_TERMINATION_LOG when that file exists."""
 
     @property
     def nnodes(self) -> str:
@@ -148,6 +187,8 @@ class WorkerEnv:
         }
         if self.progress_file:
             env[DDPJOB_PROGRESS_FILE] = self.progress_file
+        if self.termination_log:
+            env[DDPJOB_TERMINATION_LOG] = self.termination_log
         return env
 
     @classmethod
@@ -216,4 +257,5 @@ class WorkerEnv:
             report_progress=environ.get(DDPJOB_REPORT_PROGRESS, "0") == "1",
             checkpoint_keep=int(keep_raw),
             progress_file=environ.get(DDPJOB_PROGRESS_FILE, ""),
+            termination_log=environ.get(DDPJOB_TERMINATION_LOG, ""),
         )
