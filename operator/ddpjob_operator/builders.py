@@ -9,10 +9,10 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ddpjob_worker.contract import WORKER_GID, WorkerEnv
+from ddpjob_worker.contract import DEFAULT_TERMINATION_LOG, WORKER_GID, WORKER_UID, WorkerEnv
 
 from ddpjob_operator import names
-from ddpjob_operator.spec import API_VERSION, GROUP, PLURAL, WORKER_CONTAINER, DDPJob
+from ddpjob_operator.spec import API_VERSION, CHECKPOINT_VOLUME, GROUP, PLURAL, WORKER_CONTAINER, DDPJob
 
 Obj = dict[str, Any]
 
@@ -23,7 +23,16 @@ DEFAULT_GRACE_SECONDS = 90
 RENDEZVOUS_RESOURCES = {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
 #: Part of the grace period reserved for torchrun and the kubelet after the final checkpoint.
 GRACE_RESERVE_SECONDS = 30
-CHECKPOINT_VOLUME = "checkpoints"
+#: The rendezvous pod's container meets the `restricted` Pod Security Standard, so a job runs in a namespace
+#: that enforces it whenever its own template does.
+RESTRICTED_CONTAINER = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+    "runAsUser": WORKER_UID,
+    "runAsGroup": WORKER_GID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 
 
 def rdzv_endpoint(job: DDPJob) -> str:
@@ -84,7 +93,7 @@ def _default_fs_group(pod_spec: Obj) -> None:
         security.setdefault("fsGroupChangePolicy", "OnRootMismatch")
 
 
-def build_worker_pod(job: DDPJob, index: int, generation: int = 0) -> Obj:
+def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: int = 0) -> Obj:
     """Worker pod ``<job>-worker-<index>`` from the template, with env contract, volume and DNS identity."""
     template = copy.deepcopy(job.spec.template)
     meta: Obj = template.get("metadata") or {}
@@ -96,8 +105,12 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0) -> Obj:
         names.LABEL_REPLICA_TYPE: names.TYPE_WORKER,
         names.LABEL_REPLICA_INDEX: str(index),
         names.LABEL_RESTART_GENERATION: str(generation),
+        names.LABEL_INCIDENT_GENERATION: str(incidents),
     }
     grace = int(pod_spec.get("terminationGracePeriodSeconds") or DEFAULT_GRACE_SECONDS)
+    containers: list[Obj] = pod_spec.get("containers") or []
+    wi = worker_container_index(containers)
+    worker = containers[wi]
     env = WorkerEnv(
         job_name=job.name,
         namespace=job.namespace,
@@ -113,10 +126,8 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0) -> Obj:
         rdzv_conf=rdzv_conf(job),
         sigterm_budget_seconds=max(1, grace - GRACE_RESERVE_SECONDS),
         report_progress=True,
+        termination_log=str(worker.get("terminationMessagePath") or DEFAULT_TERMINATION_LOG),
     ).to_env()
-    containers: list[Obj] = pod_spec.get("containers") or []
-    wi = worker_container_index(containers)
-    worker = containers[wi]
     worker.setdefault("name", WORKER_CONTAINER)
     worker["env"] = _merge_env(worker.get("env") or [], env)
     # The planner copies this message into the Failed condition; logs are the fallback when the program
@@ -176,6 +187,7 @@ def build_rendezvous_pod(job: DDPJob) -> Obj:
         # Fixed and GPU-free: the store holds only rendezvous keys, but the process imports torch (the CUDA
         # wheel maps ~650 MB of libraries), so a 256Mi limit OOM-kills it at start (seen on a real node).
         "resources": copy.deepcopy(RENDEZVOUS_RESOURCES),
+        "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
     }
     if worker.get("imagePullPolicy"):
         container["imagePullPolicy"] = worker["imagePullPolicy"]
@@ -191,6 +203,8 @@ def build_rendezvous_pod(job: DDPJob) -> Obj:
     for key in ("imagePullSecrets", "nodeSelector", "tolerations", "priorityClassName", "securityContext"):
         if key in tmpl_spec:
             spec[key] = copy.deepcopy(tmpl_spec[key])
+    security: Obj = spec.setdefault("securityContext", {})
+    security.setdefault("seccompProfile", {"type": "RuntimeDefault"})
     labels = {**names.job_labels(job.name), names.LABEL_REPLICA_TYPE: names.TYPE_RENDEZVOUS}
     return _child("v1", "Pod", name, job, labels, spec=spec)
 
@@ -249,9 +263,26 @@ def build_role_binding(job: DDPJob) -> Obj:
     )
 
 
+def build_network_policy(job: DDPJob) -> Obj:
+    """Only the job's own pods may reach its rendezvous port: the store accepts any client that connects, and
+    one that writes garbage keys can stall or end every agent's rendezvous. Enforced where the cluster's network
+    plugin implements NetworkPolicy (most do; the local real node's bridge plugin does not)."""
+    port = job.spec.rendezvous.port
+    return _child("networking.k8s.io/v1", "NetworkPolicy", names.network_policy_name(job.name), job, spec={
+        "podSelector": {"matchLabels": {names.LABEL_JOB_NAME: job.name,
+                                        names.LABEL_REPLICA_TYPE: names.TYPE_RENDEZVOUS}},
+        "policyTypes": ["Ingress"],
+        "ingress": [{
+            "from": [{"podSelector": {"matchLabels": {names.LABEL_JOB_NAME: job.name}}}],
+            "ports": [{"protocol": "TCP", "port": port}],
+        }],
+    })
+
+
 def build_static_children(job: DDPJob) -> list[Obj]:
-    """Children created once per job, in dependency order (RBAC before the pods that use it)."""
-    objs = [build_service_account(job), build_role(job), build_role_binding(job), build_service(job)]
+    """Every non-pod child, in dependency order (RBAC before the pods that use it); ensured on every pass."""
+    objs = [build_service_account(job), build_role(job), build_role_binding(job), build_service(job),
+            build_network_policy(job)]
     pvc = build_pvc(job)
     if pvc is not None:
         objs.append(pvc)

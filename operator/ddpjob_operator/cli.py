@@ -18,11 +18,15 @@ def operator(
     ] = None,
     metrics_port: Annotated[int, typer.Option(help="Port of the Prometheus /metrics endpoint (0 disables it).")] = 8080,
     liveness_port: Annotated[int, typer.Option(help="Port of kopf's /healthz liveness endpoint (0 off).")] = 8081,
+    resync_seconds: Annotated[
+        float, typer.Option(help="Re-list every watched kind this often and correct what the watches missed (0: off).")
+    ] = 60.0,
 ) -> None:
     """Run the ddpjob operator against the current kubeconfig (or in-cluster config)."""
     from ddpjob_operator.main import run_operator  # imported late: `ddpjob run` needs no kopf start-up
 
-    raise typer.Exit(run_operator(namespaces=namespace or [], metrics_port=metrics_port, liveness_port=liveness_port))
+    raise typer.Exit(run_operator(namespaces=namespace or [], metrics_port=metrics_port, liveness_port=liveness_port,
+                                  resync_seconds=resync_seconds))
 
 
 @app.command()

@@ -1,10 +1,10 @@
 """The reconcile loop: a keyed work queue, a few workers, and one pass per job = read, plan, apply, write
-status once, emit events. kopf handlers (handlers.py) only feed it; all decisions are in planner.plan."""
+status once, emit events. kopf handlers (handlers.py) only feed it (DDPJob bodies, child events into the
+cache); the periodic resync (resync.py) corrects what the watches missed; all decisions are in planner.plan."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -13,34 +13,20 @@ from typing import Any, cast
 
 import kopf
 
-from ddpjob_operator import metrics
+from ddpjob_operator import metrics, resync
 from ddpjob_operator import reconcile as planner
 from ddpjob_operator import status as st
-from ddpjob_operator.kube import Kube, NamespaceTerminating, Rejected, adopt
-from ddpjob_operator.names import LABEL_REPLICA_TYPE, TYPE_RENDEZVOUS
+from ddpjob_operator.apply import apply_plan
+from ddpjob_operator.cache import ChildCache, Key
+from ddpjob_operator.kube import Kube, NamespaceTerminating, Rejected
+from ddpjob_operator.memory import JobMemory, backoff
 from ddpjob_operator.observed import PodView, truncate
 from ddpjob_operator.workqueue import WorkQueue
 
-Key = tuple[str, str]
 log = logging.getLogger("ddpjob.controller")
 
-#: How long a pod we created may be missing from the watch-fed index before we stop assuming it exists.
-EXPECTATION_TTL = 30.0
 #: Concurrent reconcile passes (each is mostly waiting on the API server).
 WORKERS = 16
-
-
-@dataclasses.dataclass
-class JobMemory:
-    """What the operator remembers about one job between passes (all of it rebuildable after a restart)."""
-
-    body: dict[str, Any]
-    resource_version: int = 0
-    restarts_floor: int = 0
-    ensured_uid: str = ""
-    expected: dict[str, tuple[PodView, float]] = dataclasses.field(default_factory=dict)
-    gone_uids: set[str] = dataclasses.field(default_factory=set)
-    errors: int = 0
 
 
 def _first_start(old: Mapping[str, Any]) -> bool:
@@ -66,18 +52,24 @@ class Controller:
     def __init__(self) -> None:
         self.jobs: dict[Key, JobMemory] = {}
         self.queue: WorkQueue[Key] = WorkQueue()
+        self.cache = ChildCache()
         self._states: dict[Key, str] = {}
-        self.pods: Mapping[Key, Iterable[PodView]] = {}
         self.kube: Kube | None = None
+        self.namespaces: list[str] = []
+        self.resync_seconds = resync.DEFAULT_RESYNC_SECONDS
         self._workers: list[asyncio.Task[None]] = []
 
-    def start(self, kube: Kube, pods_index: Mapping[Key, Iterable[PodView]]) -> None:
-        """Start the workers (once), inside a kopf handler's context so kopf.event() can post Events."""
-        self.pods = pods_index
+    def start(self, kube: Kube) -> None:
+        """Start the workers and the resync (once), inside a kopf handler's context so kopf.event() can post
+        Events."""
         if self._workers:
             return
         self.kube = kube
         self._workers = [asyncio.create_task(self._work(), name=f"ddpjob-worker-{i}") for i in range(WORKERS)]
+        if self.resync_seconds > 0:
+            self._workers.append(asyncio.create_task(
+                resync.resync_forever(kube, self.cache, self, self.namespaces, self.resync_seconds),
+                name="ddpjob-resync"))
 
     async def stop(self) -> None:
         """Cancel the workers (operator shutdown)."""
@@ -93,6 +85,7 @@ class Controller:
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
             self.jobs.pop(key, None)
+            self.cache.forget(key)
             self.queue.forget(key)
             self._set_state(key, None)
             return
@@ -104,10 +97,29 @@ class Controller:
             mem.body, mem.resource_version = dict(body), rv
         self.queue.add(key)
 
-    def pod_seen(self, key: Key) -> None:
-        """A pod of the job changed: enqueue a pass."""
-        if key in self.jobs:
+    def child_seen(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A watch event of a child (pod, Service, ...): update the cache and enqueue its job's pass."""
+        key = self.cache.apply(kind, event_type, body)
+        if key is not None and key in self.jobs:
             self.queue.add(key)
+
+    def enqueue(self, keys: Iterable[Key]) -> None:
+        """Enqueue passes of these jobs (those still known)."""
+        for key in keys:
+            if key in self.jobs:
+                self.queue.add(key)
+
+    def resync_jobs(self, bodies: list[dict[str, Any]], list_rv: int, scope: Iterable[str] | None) -> None:
+        """A LIST of DDPJobs: forget jobs deleted while the watch was down, learn missed ones, pass every job."""
+        listed = {((b.get("metadata") or {}).get("namespace", ""), (b.get("metadata") or {}).get("name", "")): b
+                  for b in bodies}
+        namespaces = set(scope) if scope is not None else None
+        for key, mem in list(self.jobs.items()):
+            if key not in listed and mem.resource_version <= list_rv and (namespaces is None or key[0] in namespaces):
+                log.info("job=%s/%s is gone (resync); forgetting it", *key)
+                self.job_seen("DELETED", mem.body)
+        for body in listed.values():
+            self.job_seen("RESYNC", body)
 
     async def _work(self) -> None:
         while True:
@@ -129,33 +141,27 @@ class Controller:
         if mem is None:
             return
         mem.errors += 1
-        backoff = delay if delay is not None else min(60.0, 0.5 * 2**mem.errors)
+        wait = backoff(mem.errors, base=delay or 0.5)
         log.warning(
             "job=%s/%s reconcile failed (%s), retrying in %.1fs: %s",
             *key,
             kind,
-            backoff,
+            wait,
             err,
             exc_info=kind == "unexpected",
         )
-        self.queue.add_after(key, backoff)
+        self.queue.add_after(key, wait)
 
-    def observed_pods(self, key: Key, mem: JobMemory, now: float) -> list[PodView]:
-        """Index pods, plus pods we created that the watch has not delivered yet, minus pods we force-deleted."""
-        indexed = [p for p in self.pods.get(key, ()) if p.uid not in mem.gone_uids]
-        by_name = {p.name: p for p in indexed}
-        for name, (view, at) in list(mem.expected.items()):
-            seen = by_name.get(name)
-            if (seen is not None and seen.uid == view.uid) or now - at > EXPECTATION_TTL:
-                del mem.expected[name]
-            elif seen is None:
-                indexed.append(view)
-        live_uids = {p.uid for p in self.pods.get(key, ())}
-        mem.gone_uids &= live_uids
-        return indexed
+    def _observed(self, key: Key, mem: JobMemory, now: float, node_ready: Mapping[str, bool]) -> planner.Observed:
+        return planner.Observed(
+            pods=mem.observed_pods(self.cache.pods(key), now), children=self.cache.children(key),
+            problems=dict(mem.problems), node_ready=node_ready, restarts_floor=mem.restarts_floor,
+            incidents_floor=mem.incidents_floor,
+        )
 
     async def reconcile(self, key: Key) -> None:
-        """One pass for one job."""
+        """One pass for one job: plan, apply, and one status write (re-planned if the API server's answers to
+        this pass's creates changed what it must report: a conflict or refusal shows in the same write)."""
         mem = self.jobs.get(key)
         if mem is None or self.kube is None:
             return
@@ -165,25 +171,17 @@ class Controller:
         t0 = time.monotonic()
         metrics.RECONCILES.inc()
         now = datetime.now(UTC)
-        pods = self.observed_pods(key, mem, t0)
-        node_ready = await self._nodes_of_stuck_pods(body, pods, now)
-        plan = planner.plan(
-            body, planner.Observed(pods=pods, node_ready=node_ready, restarts_floor=mem.restarts_floor), now
-        )
+        pods = mem.observed_pods(self.cache.pods(key), t0)
+        node_ready = await self._node_readiness(body, pods, now)
+        plan = planner.plan(body, self._observed(key, mem, t0, node_ready), now)
         try:
-            if plan.job is not None:  # None: invalid spec, nothing to create or delete
-                await self._apply(key, mem, plan)
+            if plan.job is not None and await apply_plan(self.kube, key, mem, plan):
+                answered = planner.plan(body, self._observed(key, mem, t0, node_ready), now)
+                plan.status, plan.patch = answered.status, answered.patch
+                plan.events += [e for e in answered.events if e not in plan.events]
         except Rejected as err:
             plan = self._rejected_plan(body, plan, err, now)
-        if plan.create_pods or plan.delete_pods or plan.patch:
-            log.info(
-                "job=%s/%s state=%s created=%s deleted=%s status=%s",
-                *key,
-                plan.status.get("state"),
-                [p["metadata"]["name"] for p in plan.create_pods],
-                [f"{d.name}({d.reason})" for d in plan.delete_pods],
-                sorted(plan.patch),
-            )
+        self._log(key, plan)
         if plan.patch:
             fresh = await self.kube.patch_status(key[0], key[1], plan.patch)
             if fresh and _rv(fresh) >= mem.resource_version:
@@ -191,50 +189,43 @@ class Controller:
             if plan.status.get("state") == st.RUNNING and _first_start(body.get("status") or {}):
                 self._observe_time_to_running(body, now)
         mem.restarts_floor = max(mem.restarts_floor, int(plan.status.get("restarts") or 0))
+        mem.incidents_floor = max(mem.incidents_floor, int(plan.status.get("incidentCount") or 0))
         for event in plan.events:
             poster = kopf.warn if event.type == "Warning" else kopf.info
             poster(cast(kopf.Body, body), reason=event.reason, message=truncate(event.message))
         if plan.delete_job and plan.job is not None:
             await self.kube.delete_job(key[0], key[1], plan.job.uid)
         mem.errors = 0
-        if plan.requeue_after is not None:
-            self.queue.add_after(key, plan.requeue_after + 0.2)
+        self._schedule(key, mem, plan)
         metrics.RECONCILE_DURATION.observe(time.monotonic() - t0)
         self._set_state(key, str(plan.status.get("state") or st.CREATED))
 
-    async def _apply(self, key: Key, mem: JobMemory, plan: planner.Plan) -> None:
-        assert self.kube is not None and plan.job is not None
-        body = mem.body
-        uid = plan.job.uid
-        if plan.ensure and mem.ensured_uid != uid:
-            # Independent objects: created concurrently; RBAC and the Service exist before any pod starts.
-            await asyncio.gather(*(self.kube.create(self._owned(obj, plan, body)) for obj in plan.ensure))
-            mem.ensured_uid = uid
-        for d in plan.delete_pods:  # before creates: a replacement reuses the deleted pod's name
-            if await self.kube.delete_pod(key[0], d.name, d.uid, force=d.force) and d.force:
-                mem.gone_uids.add(d.uid)
-        results = await asyncio.gather(*(self.kube.create(adopt(pod, body)) for pod in plan.create_pods))
-        for pod, created in zip(plan.create_pods, results, strict=True):
-            if created is None:
-                self.queue.add_after(key, planner.RETRY_SOON_SECONDS)  # name still taken: look again soon
-                continue
-            view = PodView.from_pod(created)
-            mem.expected[view.name] = (view, time.monotonic())
-            kind = "rendezvous" if pod["metadata"]["labels"].get(LABEL_REPLICA_TYPE) == TYPE_RENDEZVOUS else "worker"
-            metrics.PODS_CREATED.labels(type=kind).inc()
-        now = datetime.now(UTC)
-        for rep in plan.replacements:
-            metrics.PODS_REPLACED.labels(exit_class=metrics.exit_class(rep.exit_code)).inc()
-            if rep.failed_at is not None:
-                metrics.FAILURE_TO_REPLACEMENT.observe(max(0.0, (now - rep.failed_at).total_seconds()))
+    def _schedule(self, key: Key, mem: JobMemory, plan: planner.Plan) -> None:
+        """The next pass: when the plan asked, sooner while a create is refused (with jittered backoff)."""
+        delays = [] if plan.requeue_after is None else [plan.requeue_after + 0.2]
+        if any(not p.conflict for p in mem.problems.values()):
+            mem.refusals += 1
+            delays.append(backoff(mem.refusals, base=1.0))
+        else:
+            mem.refusals = 0
+        if mem.name_taken:  # a create found its name still taken by a pod on its way out: look again soon
+            mem.name_taken = False
+            delays.append(planner.RETRY_SOON_SECONDS)
+        if delays:
+            self.queue.add_after(key, min(delays))
 
     @staticmethod
-    def _owned(obj: dict[str, Any], plan: planner.Plan, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Children get a controller ownerReference, except a PVC the user asked to keep after deletion."""
-        assert plan.job is not None
-        if obj["kind"] == "PersistentVolumeClaim" and plan.job.spec.checkpoint.retain_on_delete:
-            return obj
-        return adopt(obj, body)
+    def _log(key: Key, plan: planner.Plan) -> None:
+        if plan.create_pods or plan.delete_pods or plan.patch or plan.ensure:
+            log.info(
+                "job=%s/%s state=%s created=%s deleted=%s ensured=%s status=%s",
+                *key,
+                plan.status.get("state"),
+                [p["metadata"]["name"] for p in plan.create_pods],
+                [f"{d.name}({d.reason})" for d in plan.delete_pods],
+                [f"{o['kind']}/{o['metadata']['name']}" for o in plan.ensure],
+                sorted(plan.patch),
+            )
 
     def _rejected_plan(self, body: Mapping[str, Any], plan: planner.Plan, err: Rejected, now: datetime) -> planner.Plan:
         """The API server refused a child built from the template: fail the job with its explanation."""
@@ -259,7 +250,7 @@ class Controller:
             job=plan.job, status=new, patch=st.status_patch(old, new), events=st.transition_events(old, new)
         )
 
-    async def _nodes_of_stuck_pods(
+    async def _node_readiness(
         self, body: Mapping[str, Any], pods: list[PodView], now: datetime
     ) -> dict[str, bool]:
         """Readiness of the nodes of pods Terminating for longer than the threshold (a rare, cheap read)."""

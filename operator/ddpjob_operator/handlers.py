@@ -1,5 +1,7 @@
-"""kopf wiring only: watch DDPJobs and their pods, keep a pod index, and turn every event into "reconcile this
-job" on the controller's queue. Handlers return None (kopf would store a return value in the status)."""
+"""kopf wiring only: watch DDPJobs and every kind of child (pods, Services, ServiceAccounts, Roles, RoleBindings,
+PVCs, NetworkPolicies, server-side filtered by the job-name label), feed the controller's cache, and turn every
+event into "reconcile this job" on its queue. Handlers return None (kopf would store a return value in the
+status)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,8 @@ from typing import Any
 import kopf
 
 from ddpjob_operator import names
-from ddpjob_operator.controller import Controller, Key
-from ddpjob_operator.kube import Kube
-from ddpjob_operator.observed import PodView
+from ddpjob_operator.controller import Controller
+from ddpjob_operator.kube import API_VERSIONS, Kube
 from ddpjob_operator.spec import GROUP, PLURAL, VERSION, InvalidSpec, parse_ddpjob
 
 controller = Controller()
@@ -34,8 +35,9 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 10
     settings.networking.request_timeout = REQUEST_TIMEOUT
     settings.networking.connect_timeout = 10
-    # Only our pods travel over the watch: the API server filters them, not the operator.
-    settings.watching.label_selectors["pods"] = names.LABEL_JOB_NAME
+    # Only our children travel over the watches: the API server filters them, not the operator.
+    for resource in _CHILD_RESOURCES:
+        settings.watching.label_selectors[resource] = names.LABEL_JOB_NAME
     _settings.append(settings)  # resource handlers get no `settings` kwarg; the API layer needs them
 
 
@@ -43,12 +45,6 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
 def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     """In-cluster service account first, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
-
-
-@kopf.index("pods", labels={names.LABEL_JOB_NAME: kopf.PRESENT})
-def pods_by_job(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, PodView]:
-    """Every pod of every DDPJob, as a small view keyed by (namespace, job name)."""
-    return {(namespace or "", labels[names.LABEL_JOB_NAME]): PodView.from_pod(body)}
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -59,8 +55,7 @@ async def ddpjob_event(
     **kwargs: Any,
 ) -> None:
     """Any change of a DDPJob (or the initial listing): schedule a reconcile pass."""
-    index: kopf.Index[Key, PodView] = kwargs["pods_by_job"]  # kopf injects indices by name
-    controller.start(Kube(_settings[-1], logging.getLogger("ddpjob.kube")), index)
+    controller.start(Kube(_settings[-1], logging.getLogger("ddpjob.kube")))
     controller.job_seen(type, dict(body))
     if type != "DELETED":
         try:
@@ -71,10 +66,29 @@ async def ddpjob_event(
     logger.debug("event %s", type)
 
 
-@kopf.on.event("pods", labels={names.LABEL_JOB_NAME: kopf.PRESENT})
-async def pod_event(namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
-    """Any change of one of our pods: schedule a pass of its job."""
-    controller.pod_seen((namespace or "", labels[names.LABEL_JOB_NAME]))
+#: kopf resource names of the child kinds, by kind (group/version/plural as kopf resolves them).
+_CHILD_RESOURCES = {
+    "Pod": "pods",
+    "Service": "services",
+    "ServiceAccount": "serviceaccounts",
+    "PersistentVolumeClaim": "persistentvolumeclaims",
+    "Role": "roles.rbac.authorization.k8s.io",
+    "RoleBinding": "rolebindings.rbac.authorization.k8s.io",
+    "NetworkPolicy": "networkpolicies.networking.k8s.io",
+}
+assert set(_CHILD_RESOURCES) == set(API_VERSIONS), "the watches and the resync must cover the same kinds"
+
+
+def _watch(kind: str, resource: str) -> None:
+    async def child_event(type: str | None, body: kopf.Body, **_: Any) -> None:
+        controller.child_seen(kind, type, body)
+
+    child_event.__name__ = child_event.__qualname__ = f"{kind.lower()}_event"
+    kopf.on.event(resource, labels={names.LABEL_JOB_NAME: kopf.PRESENT})(child_event)
+
+
+for _kind, _resource in _CHILD_RESOURCES.items():
+    _watch(_kind, _resource)
 
 
 @kopf.on.cleanup()

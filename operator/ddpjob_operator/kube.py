@@ -1,19 +1,24 @@
-"""The thin Kubernetes I/O layer: create (idempotent), delete (UID-checked), patch status, read nodes.
+"""The thin Kubernetes I/O layer: create (idempotent), get, list, delete (UID-checked), patch status, read nodes.
 
 It reuses kopf's own authenticated aiohttp session (``kopf._cogs.clients.api``, stable within kopf 1.x):
 no second client, no thread pool, one connection pool and one set of credentials for watches and writes.
 Errors are mapped once here: AlreadyExists is success, NotFound on delete is success, transient API
-trouble is ``kopf.TemporaryError``, and a 400/422 on create is ``Rejected`` (the API server refused the
-object, e.g. a pod template it cannot accept; retrying cannot help).
+trouble is ``kopf.TemporaryError``, a 400/422 on create is ``Rejected`` (the API server refused the
+object, e.g. a pod template it cannot accept; retrying cannot help), and a 403 on create (RBAC, quota,
+PodSecurity) is a *refusal* the caller reports as a condition and retries with backoff: it may pass later.
+
+PERMISSIONS lists every verb this module uses; the chart's RBAC grants exactly these (tests/unit/test_chart.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 from collections.abc import Mapping
 from typing import Any, cast
+from urllib.parse import urlencode
 
 import aiohttp
 import kopf
@@ -21,7 +26,8 @@ from kopf._cogs.clients import api as kopf_api
 from kopf._cogs.clients import errors as kopf_errors
 
 from ddpjob_operator.names import FIELD_MANAGER
-from ddpjob_operator.spec import API_VERSION, PLURAL
+from ddpjob_operator.policies.children import Problem
+from ddpjob_operator.spec import API_VERSION, GROUP, PLURAL
 
 Obj = dict[str, Any]
 
@@ -35,6 +41,43 @@ _PLURALS = {
     "ServiceAccount": "serviceaccounts",
     "Role": "roles",
     "RoleBinding": "rolebindings",
+    "NetworkPolicy": "networkpolicies",
+}
+#: apiVersion of every child kind (for LIST and GET by kind).
+API_VERSIONS = {
+    "Pod": "v1",
+    "Service": "v1",
+    "PersistentVolumeClaim": "v1",
+    "ServiceAccount": "v1",
+    "Role": "rbac.authorization.k8s.io/v1",
+    "RoleBinding": "rbac.authorization.k8s.io/v1",
+    "NetworkPolicy": "networking.k8s.io/v1",
+}
+#: Items per LIST page during a resync (bounded memory per request at any scale).
+LIST_PAGE = 500
+
+#: (API group, resource) -> the verbs the operator uses, namespaced; the chart's RBAC must grant exactly these.
+#: Children are watched (list, watch), created, and read back (get) when a create finds the name taken; pods
+#: are also deleted. roles and rolebindings: the per-job Role grants patch on ddpjobs/status, which the
+#: operator must hold itself (RBAC escalation rule).
+PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    (GROUP, PLURAL): ("get", "list", "watch", "patch", "delete"),
+    (GROUP, f"{PLURAL}/status"): ("get", "patch"),
+    ("", "pods"): ("get", "list", "watch", "create", "delete"),
+    ("", "services"): ("get", "list", "watch", "create"),
+    ("", "serviceaccounts"): ("get", "list", "watch", "create"),
+    ("", "persistentvolumeclaims"): ("get", "list", "watch", "create"),
+    ("rbac.authorization.k8s.io", "roles"): ("get", "list", "watch", "create"),
+    ("rbac.authorization.k8s.io", "rolebindings"): ("get", "list", "watch", "create"),
+    ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch", "create"),
+    ("", "events"): ("create",),
+    ("events.k8s.io", "events"): ("create",),
+}
+#: Cluster-scoped reads (a ClusterRole even when the operator watches only some namespaces).
+CLUSTER_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
+    ("", "nodes"): ("get",),
+    ("", "namespaces"): ("list", "watch"),
+    ("apiextensions.k8s.io", "customresourcedefinitions"): ("get", "list", "watch"),
 }
 
 
@@ -47,11 +90,32 @@ class Rejected(Exception):
         self.message = message
 
 
-def collection_url(api_version: str, kind: str, namespace: str) -> str:
-    """REST path of a namespaced collection (``/api/v1/namespaces/ns/pods``)."""
+def collection_url(api_version: str, kind: str, namespace: str | None) -> str:
+    """REST path of a namespaced collection (``/api/v1/namespaces/ns/pods``; all namespaces when None)."""
     plural = PLURAL if api_version == API_VERSION else _PLURALS[kind]
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    return f"{prefix}/namespaces/{namespace}/{plural}"
+    return f"{prefix}/{plural}" if namespace is None else f"{prefix}/namespaces/{namespace}/{plural}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Created:
+    """What a create came to: the new object, the object already holding the name, or a refusal."""
+
+    obj: Obj | None = None
+    existing: Obj | None = None
+    """On 409: the object that has the name now (None if it vanished meanwhile)."""
+    refused: Problem | None = None
+
+
+def refusal(kind: str, name: str, message: str) -> Problem:
+    """A 403 on create, with a reason users can act on (PodSecurity names the fields to change)."""
+    if "violates PodSecurity" in message:
+        reason, hint = "PodSecurity", "make the pod template meet the namespace's Pod Security level"
+    elif "exceeded quota" in message:
+        reason, hint = "QuotaExceeded", "raise the namespace's ResourceQuota or lower the job's requests"
+    else:
+        reason, hint = "Forbidden", "grant the operator's ServiceAccount the permission (chart RBAC)"
+    return Problem(kind=kind, name=name, conflict=False, reason=reason, message=f"{message} (fix: {hint})")
 
 
 def adopt(obj: Obj, owner: Mapping[str, Any]) -> Obj:
@@ -95,24 +159,49 @@ class Kube:
             raise kopf.TemporaryError(f"{method.upper()} {url}: {err!r}", delay=2) from err
         return cast(Obj, json.loads(text)) if text else {}
 
-    async def create(self, obj: Obj) -> Obj | None:
-        """Create ``obj``; return the created object, or None when it already exists (409 is success)."""
+    async def create(self, obj: Obj) -> Created:
+        """Create ``obj``: the created object; on 409 the object that holds the name; on 403 a refusal."""
         meta = obj["metadata"]
         url = collection_url(obj["apiVersion"], obj["kind"], meta["namespace"])
         try:
-            return await self._call("post", f"{url}?fieldManager={FIELD_MANAGER}", obj)
+            return Created(obj=await self._call("post", f"{url}?fieldManager={FIELD_MANAGER}", obj))
         except kopf_errors.APIConflictError:
-            return None
+            return Created(existing=await self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]))
         except kopf_errors.APIForbiddenError as err:
             details: dict[str, Any] = dict(err.details or {})
             causes = details.get("causes") or []
             if any(c.get("reason") == "NamespaceTerminating" for c in causes):
                 raise NamespaceTerminating(meta["namespace"]) from err
-            raise kopf.TemporaryError(f"create {obj['kind']} {meta['name']}: {err}", delay=10) from err
+            return Created(refused=refusal(obj["kind"], meta["name"], err.message or str(err)))
         except (kopf_errors.APIUnprocessableEntityError, kopf_errors.APIClientError) as err:
             if err.status in (400, 422):
                 raise Rejected(obj["kind"], meta["name"], err.message or str(err)) from err
             raise kopf.TemporaryError(f"create {obj['kind']} {meta['name']}: {err}", delay=5) from err
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        """One object, or None if it does not exist."""
+        try:
+            return await self._call("get", f"{collection_url(api_version, kind, namespace)}/{name}")
+        except kopf_errors.APINotFoundError:
+            return None
+
+    async def list(
+        self, api_version: str, kind: str, namespace: str | None, label_selector: str
+    ) -> tuple[list[Obj], int]:
+        """Every object of ``kind`` matching the selector (paged), and the list's resourceVersion."""
+        items: list[Obj] = []
+        token, rv = "", 0
+        while True:
+            query = {"labelSelector": label_selector, "limit": str(LIST_PAGE), **({"continue": token} if token else {})}
+            page = await self._call("get", f"{collection_url(api_version, kind, namespace)}?{urlencode(query)}")
+            for item in page.get("items") or []:
+                item.setdefault("kind", kind)
+                items.append(item)
+            meta = page.get("metadata") or {}
+            rv = rv or int(str(meta.get("resourceVersion") or "0") or 0)
+            token = str(meta.get("continue") or "")
+            if not token:
+                return items, rv
 
     async def delete_pod(self, namespace: str, name: str, uid: str, *, force: bool) -> bool:
         """Delete a pod only if it still has ``uid`` (never a newer pod of the same name); True if deleted."""

@@ -9,17 +9,21 @@ import kopf
 from ddpjob_operator import metrics
 
 
-def run_operator(namespaces: list[str], metrics_port: int, liveness_port: int) -> int:
+def run_operator(namespaces: list[str], metrics_port: int, liveness_port: int, resync_seconds: float) -> int:
     """Run the operator until SIGINT/SIGTERM against the current kubeconfig or in-cluster config."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # kopf logs one line per handled watch event at INFO; at 500 jobs that drowns the operator's own lines.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    from ddpjob_operator import handlers  # noqa: F401 - registers the kopf handlers
+    from ddpjob_operator import handlers  # registers the kopf handlers
+
+    handlers.controller.namespaces = list(namespaces)
+    handlers.controller.resync_seconds = resync_seconds
 
     metrics.serve(metrics_port)
     liveness = f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None
     logging.getLogger("ddpjob").info(
-        "starting: namespaces=%s metrics_port=%d liveness=%s", namespaces or "all", metrics_port, liveness
+        "starting: namespaces=%s metrics_port=%d liveness=%s resync=%.0fs", namespaces or "all", metrics_port,
+        liveness, resync_seconds,
     )
     kopf.run(
         standalone=True,

@@ -23,6 +23,7 @@ TIME_TO_ALL_RUNNING = Histogram(
     "Seconds from a DDPJob's creation to all its workers running",
     buckets=_LIFECYCLE_BUCKETS,
 )
+INCIDENTS = Counter("ddpjob_incidents", "Incidents (one cause, any number of pods) by cause", ["cause"])
 FAILURE_TO_REPLACEMENT = Histogram(
     "ddpjob_failure_to_replacement_seconds",
     "Seconds from a worker's failure to the creation of its replacement",
@@ -48,6 +49,10 @@ def move_job_state(old: str | None, new: str | None) -> None:
 
 for _state in STATES:  # every state is exported from the start, at 0
     JOBS.labels(state=_state).set(0)
+#: The incident causes (policies/failure.py CAUSES; repeated here so metrics imports no policy).
+INCIDENT_CAUSES = ("WorkerFailed", "OOMKilled", "PodDeleted", "PodEvicted", "NodeLost", "RendezvousLost", "Stalled")
+for _cause in INCIDENT_CAUSES:
+    INCIDENTS.labels(cause=_cause)
 
 
 def serve(port: int) -> None:

@@ -8,6 +8,9 @@ LABEL_JOB_NAME = f"{GROUP}/job-name"
 LABEL_REPLICA_TYPE = f"{GROUP}/replica-type"
 LABEL_REPLICA_INDEX = f"{GROUP}/replica-index"
 LABEL_RESTART_GENERATION = f"{GROUP}/restart-generation"
+#: The job's incident count when the pod was created: a floor under status.incidentCount that a stale read of
+#: the DDPJob cannot lower.
+LABEL_INCIDENT_GENERATION = f"{GROUP}/incident-generation"
 
 TYPE_WORKER = "worker"
 TYPE_RENDEZVOUS = "rendezvous"
@@ -39,6 +42,11 @@ def pvc_name(job: str) -> str:
 def worker_service_account_name(job: str) -> str:
     """ServiceAccount (and Role/RoleBinding) rank 0 uses to patch its own DDPJob's status."""
     return f"{job}-worker"
+
+
+def network_policy_name(job: str) -> str:
+    """NetworkPolicy that lets only the job's own pods reach its rendezvous port."""
+    return f"{job}-rdzv"
 
 
 def job_labels(job: str) -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""What the operator keeps of a child pod: a small frozen view (kept in the kopf index, so memory stays flat
-with thousands of pods) and the RFC 3339 time helpers the pure modules share."""
+"""What the operator keeps of a child: small frozen views (kept in the child cache, so memory stays flat with
+thousands of pods) and the RFC 3339 time helpers the pure modules share."""
 
 from __future__ import annotations
 
@@ -28,6 +28,14 @@ def format_time(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def controller_uid(meta: Mapping[str, Any]) -> str | None:
+    """UID of the object's controller (the ownerReference with ``controller: true``), or None."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller"):
+            return str(ref.get("uid") or "") or None
+    return None
+
+
 def truncate(text: str, limit: int = MAX_MESSAGE) -> str:
     """Cut a message to ``limit`` characters, keeping its end (where tracebacks say what went wrong)."""
     text = text.strip()
@@ -52,6 +60,19 @@ class PodView:
     exit_code: int | None = None
     termination_message: str = ""
     reason: str = ""
+    owner_uid: str | None = None
+    """UID of the pod's controller: a pod is the job's only if this is the job's UID."""
+    incident_generation: int = 0
+    """The job's incident count when the operator created the pod (label), a floor under status.incidentCount."""
+    started_at: datetime | None = None
+    """When the worker container last started running."""
+    waiting: str = ""
+    """Why a pod that is not running waits: ``Unschedulable: ...``, ``ImagePullBackOff``, ``ContainerCreating``."""
+    disruption: str = ""
+    """Reason of the pod's DisruptionTarget condition (EvictionByEvictionAPI, DeletionByTaintManager, ...)."""
+    gone: bool = False
+    """A tombstone: the API server deleted the pod; this is its last known state."""
+    resource_version: int = 0
 
     @property
     def terminated(self) -> bool:
@@ -66,12 +87,16 @@ class PodView:
     @property
     def active(self) -> bool:
         """Pending or Running and not being deleted."""
-        return not self.terminated and not self.deleting
+        return not self.terminated and not self.deleting and not self.gone
 
     @property
     def running(self) -> bool:
         """Running and not being deleted."""
-        return self.phase == "Running" and not self.deleting
+        return self.phase == "Running" and not self.deleting and not self.gone
+
+    def as_gone(self, at: datetime) -> PodView:
+        """This view as a tombstone, deleted at ``at`` if no deletion time was seen."""
+        return dataclasses.replace(self, gone=True, deletion_timestamp=self.deletion_timestamp or at)
 
     @classmethod
     def from_pod(cls, pod: Mapping[str, Any]) -> PodView:
@@ -82,10 +107,17 @@ class PodView:
         spec = pod.get("spec") or {}
         raw_index = labels.get(names.LABEL_REPLICA_INDEX)
         raw_gen = labels.get(names.LABEL_RESTART_GENERATION, "0")
+        raw_inc = labels.get(names.LABEL_INCIDENT_GENERATION, "0")
         statuses = status.get("containerStatuses") or []
         worker = next((c for c in statuses if c.get("name") == WORKER_CONTAINER), statuses[0] if statuses else {})
-        term = (worker.get("state") or {}).get("terminated") or (worker.get("lastState") or {}).get("terminated")
-        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        state = worker.get("state") or {}
+        term = state.get("terminated") or (worker.get("lastState") or {}).get("terminated")
+        conditions = status.get("conditions") or []
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        disruption: Mapping[str, Any] = next(
+            (c for c in conditions if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), {}
+        )
+        rv = str(meta.get("resourceVersion") or "0")
         return cls(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
@@ -100,5 +132,50 @@ class PodView:
             finished_at=parse_time(term.get("finishedAt")) if term else None,
             exit_code=int(term["exitCode"]) if term and term.get("exitCode") is not None else None,
             termination_message=truncate(str((term or {}).get("message") or status.get("message") or "")),
-            reason=str((term or {}).get("reason") or status.get("reason") or ""),
+            reason=str(status.get("reason") or (term or {}).get("reason") or ""),
+            owner_uid=controller_uid(meta),
+            incident_generation=int(raw_inc) if str(raw_inc).isdigit() else 0,
+            started_at=parse_time((state.get("running") or {}).get("startedAt")),
+            waiting=_waiting(status, state),
+            disruption=str(disruption.get("reason") or ""),
+            resource_version=int(rv) if rv.isdigit() else 0,
+        )
+
+
+def _waiting(status: Mapping[str, Any], state: Mapping[str, Any]) -> str:
+    """Why a pod is not running yet: the scheduler's verdict, else the container's waiting reason."""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return truncate(f"{cond.get('reason') or 'Unscheduled'}: {cond.get('message') or ''}".strip(": "), 300)
+    waiting = state.get("waiting") or {}
+    if waiting:
+        return truncate(f"{waiting.get('reason') or 'Waiting'}: {waiting.get('message') or ''}".strip(": "), 300)
+    return ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class ChildView:
+    """A non-pod child (Service, ServiceAccount, Role, RoleBinding, PVC, NetworkPolicy) as the planner sees it."""
+
+    kind: str
+    name: str
+    uid: str
+    owner_uid: str | None = None
+    job_label: str = ""
+    deleting: bool = False
+    resource_version: int = 0
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> ChildView:
+        """Build the view from an object as the API server returns it."""
+        meta = obj.get("metadata") or {}
+        rv = str(meta.get("resourceVersion") or "0")
+        return cls(
+            kind=str(obj.get("kind") or ""),
+            name=str(meta.get("name") or ""),
+            uid=str(meta.get("uid") or ""),
+            owner_uid=controller_uid(meta),
+            job_label=str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME) or ""),
+            deleting=bool(meta.get("deletionTimestamp")),
+            resource_version=int(rv) if rv.isdigit() else 0,
         )

@@ -1,14 +1,10 @@
-"""The pure planner: a DDPJob, its observed pods and the time in; the actions that converge it out.
+"""The pure planner: a DDPJob, what the operator observes of its children, and the time in; the actions that
+converge it out. It composes the policies (policies/): children, failure, incidents, stall, pods, and the run
+policies (deadline, success, suspend, ttl), each of which returns a decision.
 
-Level-based and idempotent: the plan depends only on what is observed (plus the DDPJob's own status), so a
-pass repeated after a crash, a stale read or a lost watch event plans the same actions again, and every
-action is safe to repeat (deterministic pod names, deletes with UID preconditions).
-
-Restart counting survives any crash: a failed worker pod is first *counted* (its UID goes into
-``status.countedFailures`` and ``status.restarts`` grows, in this pass's status write) and only deleted and
-replaced in a later pass that sees the count persisted. A crash before the write recounts the same pod to
-the same total; a crash after it finds the UID already counted. The replacement carries the new total in its
-``restart-generation`` label, so even a stale status read can never lower ``status.restarts``.
+Level-based and idempotent: the plan depends only on what is observed (plus the DDPJob's own status), so a pass
+repeated after a crash, a stale read or a lost watch event plans the same actions again, and every action is
+safe to repeat (deterministic names, deletes with UID preconditions, losses counted before they are acted on).
 """
 
 from __future__ import annotations
@@ -20,34 +16,20 @@ from typing import Any
 
 from ddpjob_operator import builders, names
 from ddpjob_operator import status as st
-from ddpjob_operator.observed import PodView, format_time, parse_time, truncate
-from ddpjob_operator.policies import deadline, stuck, success, suspend, ttl
-from ddpjob_operator.policies.restart import ExitAction, backoff_exhausted, restart_policy_for_exit_code
+from ddpjob_operator.observed import ChildView, PodView, format_time, parse_time, truncate
+from ddpjob_operator.policies import children, deadline, failure, incidents, pods, stall, success, suspend, ttl
+from ddpjob_operator.policies.children import ChildKey, Problem
+from ddpjob_operator.policies.pods import DeletePod, Replacement
 from ddpjob_operator.spec import DDPJob, InvalidSpec, parse_ddpjob
 
 Obj = dict[str, Any]
 
-#: How soon to look again when a pod name is still taken by a pod that is going away.
+#: How soon to look again when a name is still taken by an object that is going away.
 RETRY_SOON_SECONDS = 1.0
+#: How often a job with a conflicting child looks again (the foreign object may carry no label we watch).
+CONFLICT_RECHECK_SECONDS = 10.0
 
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class DeletePod:
-    """Delete one pod; ``force`` sets gracePeriodSeconds=0 (stuck pods, or pods already terminated)."""
-
-    name: str
-    uid: str
-    force: bool
-    reason: str
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Replacement:
-    """A failed worker being replaced in this pass (for the failure->replacement metric and the Event)."""
-
-    index: int
-    exit_code: int | None
-    failed_at: datetime | None
+__all__ = ["DeletePod", "Observed", "Plan", "Replacement", "plan"]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -62,6 +44,8 @@ class Plan:
     delete_pods: list[DeletePod] = dataclasses.field(default_factory=list)
     create_pods: list[Obj] = dataclasses.field(default_factory=list)
     replacements: list[Replacement] = dataclasses.field(default_factory=list)
+    new_incidents: list[str] = dataclasses.field(default_factory=list)
+    """Causes of the incidents opened this pass (for the metric)."""
     delete_job: bool = False
     events: list[st.Event] = dataclasses.field(default_factory=list)
     requeue_after: float | None = None
@@ -80,256 +64,292 @@ class Observed:
     """The job's children as the operator sees them."""
 
     pods: Sequence[PodView] = ()
+    """Pods carrying the job's label, tombstones (``gone``) of pods deleted by someone else included."""
+    children: Mapping[ChildKey, ChildView] = dataclasses.field(default_factory=dict)
+    problems: Mapping[ChildKey, Problem] = dataclasses.field(default_factory=dict)
+    """What the API server answered to the last creates (conflicts, refusals)."""
     node_ready: Mapping[str, bool] = dataclasses.field(default_factory=dict)
     restarts_floor: int = 0
-    """Highest restart count this operator process has written for the job (guards against stale reads)."""
+    incidents_floor: int = 0
+    """Highest counts this operator process has written for the job (guards against stale reads)."""
+
+
+@dataclasses.dataclass(kw_only=True)
+class _Pass:
+    """The working state of one pass."""
+
+    job: DDPJob
+    old: Mapping[str, Any]
+    obs: Observed
+    now: datetime
+    generation: int
+    workers: list[PodView]
+    rdzv: list[PodView]
+    foreign: list[PodView]
+    restarts: int
+    count: int
+    counted: list[str]
+    recent: list[Obj]
+    start_time: str | None
+    completion_time: str | None = None
+    aux: list[st.Aux] = dataclasses.field(default_factory=list)
+
+    def status(self, outcome: st.Outcome) -> Obj:
+        counts = st.Counts(
+            desired=self.job.spec.replicas, restarts=self.restarts, incident_count=self.count,
+            incidents=tuple(self.recent), counted_failures=tuple(self.counted), start_time=self.start_time,
+            completion_time=self.completion_time, selector=names.selector(self.job.name),
+        )
+        live = [p for p in self.workers if not p.gone]
+        return st.compute_status(self.old, outcome=outcome, workers=live, counts=counts,
+                                 generation=self.generation, now=self.now, aux=self.aux)
+
+
+def _begin(job: DDPJob, old: Mapping[str, Any], obs: Observed, now: datetime, generation: int) -> _Pass:
+    ours = [p for p in obs.pods if p.owner_uid == job.uid]
+    workers = [p for p in ours if p.replica_type == names.TYPE_WORKER]
+    seen = {p.uid for p in ours}
+    counted = [u for u in old.get("countedFailures") or [] if u in seen]
+    count = max([int(old.get("incidentCount") or 0), obs.incidents_floor, *(p.incident_generation for p in ours)])
+    restarts = max([int(old.get("restarts") or 0), obs.restarts_floor, *(p.generation for p in workers)])
+    return _Pass(
+        job=job, old=old, obs=obs, now=now, generation=generation, workers=workers,
+        rdzv=[p for p in ours if p.replica_type == names.TYPE_RENDEZVOUS],
+        foreign=[p for p in obs.pods if p.owner_uid != job.uid and not p.gone],
+        restarts=restarts, count=count, counted=counted, recent=[dict(i) for i in old.get("incidents") or []],
+        start_time=old.get("startTime"), completion_time=old.get("completionTime"),
+    )
 
 
 def plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
     """Plan one reconcile pass of a DDPJob."""
     old: Mapping[str, Any] = body.get("status") or {}
-    meta = body.get("metadata") or {}
-    generation = int(meta.get("generation") or 0)
+    generation = int((body.get("metadata") or {}).get("generation") or 0)
     result = Plan()
     try:
         job = parse_ddpjob(body)
     except InvalidSpec as err:
         return _finish_invalid(result, old, err, observed.pods, generation, now)
     result.job = job
-    spec, policy = job.spec, job.spec.run_policy
-    workers = [p for p in observed.pods if p.replica_type == names.TYPE_WORKER]
-    rdzv = [p for p in observed.pods if p.replica_type == names.TYPE_RENDEZVOUS]
-    restarts = max([int(old.get("restarts") or 0), observed.restarts_floor, *(p.generation for p in workers)])
-    counted = [u for u in old.get("countedFailures") or [] if any(p.uid == u for p in workers)]
-    last_failure: Mapping[str, Any] | None = None
-    start_time = old.get("startTime")
-    completion_time = old.get("completionTime")
-
-    def status_for(outcome: st.Outcome) -> Obj:
-        counts = st.Counts(
-            desired=spec.replicas,
-            restarts=restarts,
-            counted_failures=tuple(counted),
-            last_failure=last_failure,
-            start_time=start_time,
-            completion_time=completion_time,
-            selector=names.selector(job.name),
-        )
-        return st.compute_status(old, outcome=outcome, workers=workers, counts=counts, generation=generation, now=now)
-
-    # --- finished: clean up, then wait for the TTL ---
-    finished = st.condition_true(old, st.SUCCEEDED) or st.condition_true(old, st.FAILED)
-    if finished:
+    ps = _begin(job, old, observed, now, generation)
+    policy = job.spec.run_policy
+    if st.condition_true(old, st.SUCCEEDED) or st.condition_true(old, st.FAILED):
         cond = st.get_condition(old, st.SUCCEEDED if st.condition_true(old, st.SUCCEEDED) else st.FAILED) or {}
-        outcome = st.Outcome(
-            state=cond.get("type", st.FAILED), reason=cond.get("reason", ""), message=cond.get("message", "")
-        )
-        return _finish(result, old, status_for(outcome), job, observed.pods, now)
-
-    # --- suspended: no pods, keep PVC, Service and counts ---
+        outcome = st.Outcome(state=cond.get("type", st.FAILED), reason=cond.get("reason", ""),
+                             message=cond.get("message", ""))
+        return _finish(result, ps, outcome)
     if policy.suspend:
-        start_time = suspend.start_time_after_resume(True, start_time, format_time(now))
-        result.delete_pods = [
-            DeletePod(p.name, p.uid, p.terminated, "Suspended")
-            for p in suspend.pods_to_delete_on_suspend(observed.pods)
-        ]
-        outcome = st.Outcome(
-            state=st.SUSPENDED, reason="Suspended", message="spec.runPolicy.suspend is true: pods deleted"
-        )
-        return _with_status(result, old, status_for(outcome))
-    start_time = suspend.start_time_after_resume(False, start_time, format_time(now))
-
-    # --- deadline ---
-    started = parse_time(start_time)
+        return _suspended(result, ps)
+    ps.start_time = suspend.start_time_after_resume(False, ps.start_time, format_time(now))
+    started = parse_time(ps.start_time)
     if deadline.deadline_exceeded(started, policy.active_deadline_seconds, now):
-        completion_time = format_time(now)
         limit = policy.active_deadline_seconds
         msg = f"the job was active for more than spec.runPolicy.activeDeadlineSeconds ({limit}s)"
-        return _finish(
-            result,
-            old,
-            status_for(st.Outcome(state=st.FAILED, reason="DeadlineExceeded", message=msg)),
-            job,
-            observed.pods,
-            now,
-        )
+        return _fail(result, ps, "DeadlineExceeded", msg)
     result.requeue_at(deadline.deadline_at(started, policy.active_deadline_seconds), now)
-
-    # --- success ---
-    if success.job_succeeded(workers, spec.rendezvous.close_timeout_seconds, now):
-        completion_time = format_time(now)
-        done = sum(p.phase == "Succeeded" for p in workers)
-        outcome = st.Outcome(
-            state=st.SUCCEEDED,
-            reason="WorkersSucceeded",
-            message=f"{done} worker(s) exited 0: training completed",
-        )
-        return _finish(result, old, status_for(outcome), job, observed.pods, now)
-    finishing = success.any_succeeded(workers)
+    live = [p for p in ps.workers if not p.gone]
+    if success.job_succeeded(live, job.spec.rendezvous.close_timeout_seconds, now):
+        ps.completion_time = format_time(now)
+        done = sum(p.phase == "Succeeded" for p in live)
+        outcome = st.Outcome(state=st.SUCCEEDED, reason="WorkersSucceeded",
+                             message=f"{done} worker(s) exited 0: training completed")
+        return _finish(result, ps, outcome)
+    finishing = success.any_succeeded(live)
     if finishing:
-        first = success.first_success(workers)
+        first = success.first_success(live)
         if first is not None:
-            result.requeue_at(first + timedelta(seconds=spec.rendezvous.close_timeout_seconds), now)
+            result.requeue_at(first + timedelta(seconds=job.spec.rendezvous.close_timeout_seconds), now)
+    return _running(result, ps, finishing)
 
-    # --- failed and stuck workers ---
-    replacing: dict[int, PodView] = {}
-    newly_failed: list[PodView] = []
-    for pod in sorted(workers, key=lambda p: (p.index if p.index is not None else -1, p.name)):
-        if pod.index is None:
-            continue
-        stuck_pod = pod.deleting and stuck.is_stuck_terminating(
-            pod, observed.node_ready, policy.terminating_node_timeout_seconds, now
-        )
-        if pod.deleting and not stuck_pod:
-            result.requeue_at(stuck.stuck_check_at(pod, policy.terminating_node_timeout_seconds), now)
-            continue
-        if not (pod.phase == "Failed" or stuck_pod) or finishing:
-            continue
-        if pod.index >= spec.replicas:  # scaled away while failing: nothing to replace
-            result.delete_pods.append(DeletePod(pod.name, pod.uid, True, "ScaledDown"))
-            continue
-        if pod.phase == "Failed" and restart_policy_for_exit_code(pod.exit_code, policy) is ExitAction.FAIL:
-            completion_time = format_time(now)
-            msg = _failure_text(pod, "permanent")
-            last_failure = _failure_record(pod, now)
-            outcome = st.Outcome(state=st.FAILED, reason="PermanentExitCode", message=msg)
-            return _finish(result, old, status_for(outcome), job, observed.pods, now)
-        if pod.uid in counted:
-            replacing[pod.index] = pod
-            result.delete_pods.append(DeletePod(pod.name, pod.uid, True, "Replaced"))
-        else:
-            newly_failed.append(pod)
 
-    if newly_failed:
-        restarts += len(newly_failed)
-        counted.extend(p.uid for p in newly_failed)
-        last_failure = _failure_record(newly_failed[-1], now)
-        for pod in newly_failed:
-            result.events.append(
-                st.Event(
-                    "Warning",
-                    "WorkerFailed",
-                    _failure_text(pod, f"restart {restarts} of {policy.backoff_limit}"),
-                )
-            )
-        if backoff_exhausted(restarts, policy):
-            completion_time = format_time(now)
-            msg = (
-                f"{restarts} worker failures exceed spec.runPolicy.backoffLimit ({policy.backoff_limit}); "
-                f"last: {_failure_text(newly_failed[-1], 'retryable')}"
-            )
-            return _finish(
-                result,
-                old,
-                status_for(st.Outcome(state=st.FAILED, reason="BackoffLimitExceeded", message=truncate(msg))),
-                job,
-                observed.pods,
-                now,
-            )
+def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
+    """The job is active: ensure children, count losses into incidents, replace pods, watch for stalls."""
+    job, now, policy = ps.job, ps.now, ps.job.spec.run_policy
+    kids = children.decide(
+        builders.build_static_children(job), ps.obs.children, ps.obs.problems, job_uid=job.uid, job_name=job.name,
+        retained_pvc=job.spec.checkpoint.retain_on_delete and job.spec.checkpoint.volume_claim is not None,
+        created_before=st.condition_true(ps.old, st.CREATED),
+    )
+    result.ensure = kids.create
+    result.events += [st.Event("Warning", "ChildRecreated", f"{what} was missing; created it again")
+                      for what in kids.missing_again]
+    if kids.waiting:
+        result.requeue_at(now + timedelta(seconds=RETRY_SOON_SECONDS), now)
+    losses = [] if finishing else _losses(ps)
+    stalled, due = stall.check(ps.old, [p for p in ps.workers if p.active and (p.index or 0) < job.spec.replicas],
+                               [p for p in ps.rdzv if not p.gone], job.spec.replicas,
+                               policy.progress_deadline_seconds, now)
+    result.requeue_at(due, now)
+    if stalled is not None and stalled.actionable and not finishing:
+        if policy.on_stall == "Fail":
+            return _fail(result, ps, "ProgressDeadlineExceeded", stalled.message)
+        losses += [failure.Loss(p.name, p.uid, p.index, failure.STALLED, now, f"restarted: {stalled.message}")
+                   for p in ps.workers if p.active and p.uid not in ps.counted]
+    persisted = list(ps.counted)  # pods are acted on only once their count is in the status (a later pass)
+    decision = incidents.attribute(ps.recent, ps.count, ps.counted, losses, window=policy.incident_window_seconds,
+                                   backoff_limit=policy.backoff_limit)
+    ps.recent, ps.count, ps.counted = decision.incidents, decision.count, decision.counted
+    ps.restarts += sum(1 for loss, _ in decision.new_losses if loss.index is not None)
+    result.new_incidents = [i["cause"] for i in ps.recent if i["id"] in decision.opened]
+    result.events += [_loss_event(loss, iid, ps) for loss, iid in decision.new_losses]
+    if decision.permanent is not None:
+        loss = decision.permanent
+        return _fail(result, ps, "PermanentExitCode", f"{loss.pod} failed permanently: {loss.detail}")
+    if decision.exhausted:
+        msg = (f"{ps.count} incidents exceed spec.runPolicy.backoffLimit ({policy.backoff_limit}): "
+               f"{incidents.list_text(ps.recent, ps.count)}")
+        return _fail(result, ps, "BackoffLimitExceeded", msg)
+    conflicts = list(kids.conflicts)
+    pod_plan = _plan_pods(ps, persisted, create=not finishing and not conflicts)
+    conflicts += pod_plan.conflicts
+    result.delete_pods, result.create_pods = pod_plan.delete, pod_plan.create
+    result.replacements = pod_plan.replacements
+    for at in pod_plan.recheck:
+        result.requeue_at(at, now)
+    result.events += [st.Event("Normal", "WorkerReplaced", f"replaced worker {r.index} "
+                               f"({'no exit code' if r.exit_code is None else f'exit code {r.exit_code}'}); "
+                               f"incidents: {ps.count}") for r in pod_plan.replacements]
+    if conflicts:
+        result.requeue_at(now + timedelta(seconds=CONFLICT_RECHECK_SECONDS), now)
+    _recovery(result, ps)
+    _aux(ps, stalled, conflicts)
+    return _with_status(result, ps.old, ps.status(_state(ps, decision)))
 
-    # --- scale down: delete workers above spec.replicas ---
-    for pod in workers:
-        if pod.index is not None and pod.index >= spec.replicas and pod.active:
-            result.delete_pods.append(DeletePod(pod.name, pod.uid, False, "ScaledDown"))
 
-    # --- create missing workers (deterministic names: a repeat is a harmless 409) ---
-    taken = {p.index for p in workers if p.index is not None and p.index not in replacing}
-    if not finishing:
-        result.ensure = builders.build_static_children(job)
-        for i in range(spec.replicas):
-            if i in taken:
-                continue
-            result.create_pods.append(builders.build_worker_pod(job, i, generation=restarts))
-            gone = replacing.get(i)
-            if gone is not None:
-                result.replacements.append(Replacement(i, gone.exit_code, gone.finished_at or gone.deletion_timestamp))
-                result.events.append(st.Event("Normal", "WorkerReplaced", _replace_text(gone, restarts)))
+def _losses(ps: _Pass) -> list[failure.Loss]:
+    policy, now, node_ready = ps.job.spec.run_policy, ps.now, ps.obs.node_ready
+    out = [loss for p in ps.workers if (p.index or 0) < ps.job.spec.replicas
+           if (loss := failure.worker_loss(p, policy, node_ready, now)) is not None]
+    out += [loss for p in ps.rdzv if (loss := failure.rendezvous_loss(p, node_ready, now)) is not None]
+    return out
 
-    # --- the rendezvous store ---
-    if not finishing:
-        _plan_rendezvous(result, job, rdzv, observed.node_ready, now)
 
-    # --- status ---
-    n_running = sum(p.running and p.index is not None and p.index < spec.replicas for p in workers)
-    if newly_failed or replacing or (st.condition_true(old, st.RESTARTING) and n_running < spec.replicas):
-        failure = last_failure or old.get("lastFailure") or {}
-        outcome = st.Outcome(state=st.RESTARTING, reason="WorkerFailed", message=_restarting_text(failure, restarts))
-    elif n_running >= spec.replicas and any(p.running for p in rdzv):
-        outcome = st.Outcome(state=st.RUNNING, reason="AllWorkersRunning", message=f"{n_running} worker(s) running")
+def _plan_pods(ps: _Pass, counted: Sequence[str], *, create: bool) -> pods.PodPlan:
+    job, now = ps.job, ps.now
+    foreign_workers = [p for p in ps.foreign if p.replica_type == names.TYPE_WORKER]
+    foreign_rdzv = [p for p in ps.foreign if p.replica_type == names.TYPE_RENDEZVOUS]
+    return pods.merge(
+        pods.plan_rendezvous(job, ps.rdzv, foreign_rdzv, counted, node_ready=ps.obs.node_ready, create=create,
+                             now=now),
+        pods.plan_workers(job, ps.workers, foreign_workers, counted, node_ready=ps.obs.node_ready,
+                          generation=ps.restarts, incidents=ps.count, create=create, now=now),
+    )
+
+
+def _loss_event(loss: failure.Loss, incident_id: int, ps: _Pass) -> st.Event:
+    reason = "RendezvousLost" if loss.index is None else "WorkerFailed"
+    who = f"worker {loss.index} (pod {loss.pod})" if loss.index is not None else f"pod {loss.pod}"
+    return st.Event("Warning", reason, truncate(
+        f"{who}: {loss.detail}; incident #{incident_id} ({loss.cause}), "
+        f"{ps.count} of backoffLimit {ps.job.spec.run_policy.backoff_limit}"))
+
+
+def _aux(ps: _Pass, stalled: stall.Stall | None, conflicts: Sequence[str]) -> None:
+    """Conditions beside the state: Stalled, ChildConflict, CreateRefused."""
+    last = incidents.recovering(ps.recent)
+    if stalled is not None:
+        ps.aux.append(st.Aux(st.STALLED, True, stalled.reason, stalled.message))
+    elif last is not None and last.get("cause") == failure.STALLED:
+        ps.aux.append(st.Aux(st.STALLED, True, "RestartedAfterStall",
+                             f"incident #{last.get('id')}: workers restarted after a stall; waiting for progress"))
     else:
-        outcome = st.Outcome(
-            state=st.CREATED,
-            reason="WorkersStarting",
-            message=f"{n_running}/{spec.replicas} worker(s) running",
-        )
-    return _with_status(result, old, status_for(outcome))
+        ps.aux.append(st.Aux(st.STALLED, False, "Progressing", "training reports progress"))
+    if conflicts:
+        ps.aux.append(st.Aux(st.CHILD_CONFLICT, True, "ChildConflict", truncate("; ".join(conflicts))))
+    else:
+        ps.aux.append(st.Aux(st.CHILD_CONFLICT, False, "NoConflict", "every child is controlled by this DDPJob"))
+    refused = children.refusals(ps.obs.problems)
+    if refused:
+        first = refused[0]
+        text = f"the API server refused to create {first.kind} {first.name}: {first.message}; retrying with backoff"
+        ps.aux.append(st.Aux(st.CREATE_REFUSED, True, first.reason, truncate(text)))
+    else:
+        ps.aux.append(st.Aux(st.CREATE_REFUSED, False, "Created", "the API server accepted every create"))
 
 
-def _plan_rendezvous(
-    result: Plan, job: DDPJob, rdzv: Sequence[PodView], node_ready: Mapping[str, bool], now: datetime
-) -> None:
-    """Keep exactly one live rendezvous pod; replace it when it ended or is stuck on a lost node."""
-    timeout = job.spec.run_policy.terminating_node_timeout_seconds
-    name_taken = False
-    for pod in rdzv:
-        if pod.deleting and stuck.is_stuck_terminating(pod, node_ready, timeout, now):
-            result.delete_pods.append(DeletePod(pod.name, pod.uid, True, "NodeNotReady"))
-            result.events.append(
-                st.Event(
-                    "Warning",
-                    "RendezvousRestarted",
-                    f"rendezvous pod {pod.name} is stuck "
-                    f"Terminating on NotReady node {pod.node_name}; force-deleted, recreating it",
-                )
-            )
-        elif pod.deleting:
-            name_taken = True
-            result.requeue_at(stuck.stuck_check_at(pod, timeout), now)
-        elif pod.terminated:  # evicted, node lost, or exited: replace it; the workers re-rendezvous
-            result.delete_pods.append(DeletePod(pod.name, pod.uid, True, "RendezvousEnded"))
-            result.events.append(
-                st.Event(
-                    "Warning",
-                    "RendezvousRestarted",
-                    f"rendezvous pod {pod.name} ended ({pod.reason or pod.phase}); recreating it",
-                )
-            )
-        else:
-            return
-    if not name_taken:
-        result.create_pods.insert(0, builders.build_rendezvous_pod(job))
+def _recovery(result: Plan, ps: _Pass) -> None:
+    """Close the recovering incident once every worker runs and training reported progress since it began."""
+    last = incidents.recovering(ps.recent)
+    if last is None:
+        return
+    spec = ps.job.spec
+    running = [p for p in ps.workers if p.running and (p.index or 0) < spec.replicas]
+    if len(running) < spec.replicas or not any(p.running for p in ps.rdzv):
+        return
+    progress = ps.old.get("progress") or {}
+    reported, began = parse_time(progress.get("updateTime")), parse_time(last.get("startTime"))
+    if progress and (reported is None or began is None or reported < began):
+        return
+    ps.recent, closed = incidents.mark_recovered(ps.recent, reported or ps.now)
+    if closed is not None:
+        step = f", training at global step {progress.get('globalStep')}" if progress else ""
+        result.events.append(st.Event("Normal", "IncidentRecovered", f"incident #{closed.get('id')} "
+                                      f"({closed.get('cause')}) recovered in {closed.get('recoverySeconds')}s{step}"))
 
 
-def _finish(
-    result: Plan, old: Mapping[str, Any], new: Obj, job: DDPJob, pods: Sequence[PodView], now: datetime
-) -> Plan:
+def _state(ps: _Pass, decision: incidents.Decision) -> st.Outcome:
+    spec = ps.job.spec
+    n_running = sum(p.running and p.index is not None and p.index < spec.replicas for p in ps.workers)
+    rdzv_running = any(p.running for p in ps.rdzv)
+    last = incidents.recovering(ps.recent)
+    if last is not None and (decision.new_losses or n_running < spec.replicas or not rdzv_running):
+        msg = (f"incident #{last.get('id')} ({last.get('cause')}): {last.get('message')}; "
+               f"{n_running}/{spec.replicas} worker(s) running; incidents {ps.count} of backoffLimit "
+               f"{spec.run_policy.backoff_limit}")
+        return st.Outcome(state=st.RESTARTING, reason=str(last.get("cause")), message=truncate(msg))
+    if n_running >= spec.replicas and rdzv_running:
+        return st.Outcome(state=st.RUNNING, reason="AllWorkersRunning", message=f"{n_running} worker(s) running")
+    msg = f"{n_running}/{spec.replicas} worker(s) running"
+    return st.Outcome(state=st.CREATED, reason="WorkersStarting", message=msg)
+
+
+def _suspended(result: Plan, ps: _Pass) -> Plan:
+    """Suspended: no pods, but the PVC, the Service and the counts stay."""
+    ps.start_time = suspend.start_time_after_resume(True, ps.start_time, format_time(ps.now))
+    live = [p for p in ps.obs.pods if p.owner_uid == ps.job.uid and not p.gone]
+    result.delete_pods = [DeletePod(p.name, p.uid, p.terminated, "Suspended")
+                          for p in suspend.pods_to_delete_on_suspend(live)]
+    outcome = st.Outcome(state=st.SUSPENDED, reason="Suspended", message="spec.runPolicy.suspend is true: pods deleted")
+    return _with_status(result, ps.old, ps.status(outcome))
+
+
+def _fail(result: Plan, ps: _Pass, reason: str, message: str) -> Plan:
+    ps.completion_time = format_time(ps.now)
+    ps.recent = incidents.mark_failed(ps.recent)
+    return _finish(result, ps, st.Outcome(state=st.FAILED, reason=reason, message=truncate(message)))
+
+
+def _finish(result: Plan, ps: _Pass, outcome: st.Outcome) -> Plan:
     """A finished job: apply cleanPodPolicy and the TTL; never create anything again."""
-    policy = job.spec.run_policy
-    for pod in pods:
-        if pod.deleting:
+    policy = ps.job.spec.run_policy
+    for pod in ps.obs.pods:
+        if pod.deleting or pod.gone or pod.owner_uid != ps.job.uid:
             continue
         if policy.clean_pod_policy == "All" or (policy.clean_pod_policy == "Running" and not pod.terminated):
             result.delete_pods.append(DeletePod(pod.name, pod.uid, pod.terminated, "JobFinished"))
+    new = ps.status(outcome)
     done = parse_time(new.get("completionTime"))
-    if ttl.ttl_expired(done, policy.ttl_seconds_after_finished, now):
+    if ttl.ttl_expired(done, policy.ttl_seconds_after_finished, ps.now):
         result.delete_job = True
     else:
-        result.requeue_at(ttl.ttl_expires_at(done, policy.ttl_seconds_after_finished), now)
-    return _with_status(result, old, new)
+        result.requeue_at(ttl.ttl_expires_at(done, policy.ttl_seconds_after_finished), ps.now)
+    return _with_status(result, ps.old, new)
 
 
 def _finish_invalid(
-    result: Plan, old: Mapping[str, Any], err: InvalidSpec, pods: Sequence[PodView], gen: int, now: datetime
+    result: Plan, old: Mapping[str, Any], err: InvalidSpec, pods_: Sequence[PodView], gen: int, now: datetime
 ) -> Plan:
     result.invalid = err
     outcome = st.Outcome(state=st.FAILED, reason="InvalidSpec", message=truncate(str(err)))
     counts = st.Counts(
         desired=0,
         restarts=int(old.get("restarts") or 0),
+        incident_count=int(old.get("incidentCount") or 0),
+        incidents=tuple(old.get("incidents") or ()),
         start_time=old.get("startTime"),
         completion_time=old.get("completionTime") or format_time(now),
     )
-    workers = [p for p in pods if p.replica_type == names.TYPE_WORKER]
+    workers = [p for p in pods_ if p.replica_type == names.TYPE_WORKER and not p.gone]
     return _with_status(
         result,
         old,
@@ -343,37 +363,3 @@ def _with_status(result: Plan, old: Mapping[str, Any], new: Obj) -> Plan:
     # Transition events go after the per-pod ones collected above, as they happened in that order.
     result.events.extend(st.transition_events(old, new))
     return result
-
-
-def _failure_text(pod: PodView, what: str) -> str:
-    code = "no exit code" if pod.exit_code is None else f"exit code {pod.exit_code}"
-    why = f" ({pod.reason})" if pod.reason and pod.reason not in ("Error", "Completed") else ""
-    if pod.deleting and pod.phase != "Failed":
-        code, why = "stuck Terminating", f" on NotReady node {pod.node_name}"
-    text = f"worker {pod.index} (pod {pod.name}) failed with {code}{why}, {what}"
-    if pod.termination_message:
-        text += f": {pod.termination_message}"
-    return truncate(text)
-
-
-def _failure_record(pod: PodView, now: datetime) -> Obj:
-    return {
-        "index": pod.index,
-        "podName": pod.name,
-        "exitCode": pod.exit_code,
-        "reason": pod.reason or ("NodeNotReady" if pod.deleting else "Error"),
-        "message": truncate(pod.termination_message, 500),
-        "time": format_time(pod.finished_at or now),
-    }
-
-
-def _replace_text(pod: PodView, restarts: int) -> str:
-    code = "no exit code" if pod.exit_code is None else f"exit code {pod.exit_code}"
-    return f"replaced worker {pod.index} (pod {pod.name}, {code}); restarts: {restarts}"
-
-
-def _restarting_text(failure: Mapping[str, Any], restarts: int) -> str:
-    if not failure:
-        return f"replacing failed workers (restarts: {restarts})"
-    code = failure.get("exitCode")
-    return f"replacing worker {failure.get('index')} after exit code {code} (restarts: {restarts})"

@@ -9,6 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from ddpjob_worker.contract import reserved_env
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -22,9 +23,14 @@ API_VERSION = f"{GROUP}/{VERSION}"
 #: a DNS label of at most 63 characters (the CRD enforces the same bound).
 MAX_NAME_LENGTH = 45
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_NAMED_RE = re.compile(r"^([A-Za-z][\w.\[\]]*): (.+)$", re.S)
 
 #: The container in the pod template that runs torchrun; a template with one container may leave it unnamed.
 WORKER_CONTAINER = "worker"
+#: The pod volume the operator adds for checkpoints; a template may not define its own volume of that name.
+CHECKPOINT_VOLUME = "checkpoints"
+#: Paths a volume cannot be mounted at (the container runtime refuses them, or the container would break).
+_FORBIDDEN_MOUNTS = ("/", "/proc", "/sys", "/dev", "/etc", "/bin", "/lib", "/usr", "/opt/venv")
 
 
 class InvalidSpec(ValueError):
@@ -65,6 +71,14 @@ class Checkpoint(_Model):
     """Where checkpoints live: a PVC the operator creates, an existing claim, or none (emptyDir-less runs)."""
 
     mount_path: str = Field(default="/checkpoints", pattern=r"^/")
+
+    @model_validator(mode="after")
+    def _mount(self) -> Checkpoint:
+        path = self.mount_path.rstrip("/") or "/"
+        if any(path == bad or (bad != "/" and path.startswith(bad + "/")) for bad in _FORBIDDEN_MOUNTS):
+            raise ValueError(f"mountPath: {self.mount_path!r} would hide a system or image directory; use a path of "
+                             "its own such as /checkpoints")
+        return self
     volume_claim: VolumeClaim | None = None
     existing_claim: str | None = None
     retain_on_delete: bool = Field(default=True, description="Keep the created PVC after the DDPJob is deleted.")
@@ -92,7 +106,7 @@ CleanPodPolicy = Literal["None", "Running", "All"]
 class RunPolicy(_Model):
     """How failures, time and suspension are handled."""
 
-    backoff_limit: int = Field(default=6, ge=0, description="Pod replacements allowed before the job fails.")
+    backoff_limit: int = Field(default=6, ge=0, description="Incidents allowed before the job fails.")
     retryable_exit_codes: tuple[int, ...] | None = Field(
         default=None, description="Exit codes that replace the pod; default: 128+signal codes (>=128)."
     )
@@ -105,6 +119,15 @@ class RunPolicy(_Model):
     suspend: bool = False
     terminating_node_timeout_seconds: int = Field(
         default=300, ge=0, description="Force-delete a pod stuck Terminating on a NotReady node after this."
+    )
+    incident_window_seconds: int = Field(
+        default=60, ge=0, description="Losses of distinct pods within this many seconds are one incident."
+    )
+    progress_deadline_seconds: int = Field(
+        default=900, ge=0, description="Stalled after this long without training progress (0: never)."
+    )
+    on_stall: Literal["RestartGroup", "Fail"] = Field(
+        default="RestartGroup", description="What a stall of running workers does: restart them, or fail."
     )
 
     @model_validator(mode="after")
@@ -157,6 +180,7 @@ class DDPJobSpec(_Model):
             )
         if not any(c.get("image") for c in containers):
             raise ValueError("template.spec.containers[].image is empty: set the worker image")
+        _check_template(self)
         return self
 
     @property
@@ -168,6 +192,46 @@ class DDPJobSpec(_Model):
     def max_replicas(self) -> int:
         """Upper bound of the worker count (replicas when not elastic)."""
         return self.elastic.max_replicas if self.elastic else self.replicas
+
+
+def _worker(containers: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    for i, c in enumerate(containers):
+        if c.get("name") == WORKER_CONTAINER:
+            return i, c
+    return 0, containers[0]
+
+
+def _gpu_requested(pod_spec: dict[str, Any], container: dict[str, Any]) -> bool:
+    resources = container.get("resources") or {}
+    limits = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
+    env = {e.get("name") for e in container.get("env") or [] if isinstance(e, dict)}
+    return (any(str(k).endswith("/gpu") for k in limits) or bool(resources.get("claims"))
+            or bool(pod_spec.get("resourceClaims")) or "NVIDIA_VISIBLE_DEVICES" in env)
+
+
+def _check_template(spec: DDPJobSpec) -> None:
+    """What the API server accepts but a worker could only fail on at start: refuse it before any pod exists."""
+    pod_spec = spec.template.get("spec") or {}
+    containers: list[dict[str, Any]] = pod_spec.get("containers") or []
+    ci, worker = _worker(containers)
+    where = f"template.spec.containers[{ci}]"
+    for j, item in enumerate(worker.get("env") or []):
+        name = str((item or {}).get("name") or "")
+        if reserved_env(name):
+            raise ValueError(f"{where}.env[{j}].name: {name} is set by the operator or torchrun in every worker "
+                             "(env contract, docs/api.md); remove it (for torchrun options use the DDPJob fields)")
+    for j, vol in enumerate(pod_spec.get("volumes") or []):
+        if (vol or {}).get("name") == CHECKPOINT_VOLUME:
+            raise ValueError(f"template.spec.volumes[{j}].name: the volume name {CHECKPOINT_VOLUME!r} is reserved "
+                             "for spec.checkpoint; rename your volume")
+    mount = spec.checkpoint.mount_path.rstrip("/")
+    for j, m in enumerate(worker.get("volumeMounts") or []):
+        if str((m or {}).get("mountPath") or "").rstrip("/") == mount:
+            raise ValueError(f"{where}.volumeMounts[{j}].mountPath: {mount} is spec.checkpoint.mountPath, where "
+                             "the operator mounts the checkpoint volume; mount this volume elsewhere")
+    if spec.nproc_per_node == "gpu" and not _gpu_requested(pod_spec, worker):
+        raise ValueError(f"nprocPerNode: 'gpu' starts one process per GPU, but {where} requests no GPU: add "
+                         "resources.limits['nvidia.com/gpu'] (or a DRA resource claim), or use nprocPerNode: cpu")
 
 
 class DDPJob(_Model):
@@ -200,6 +264,9 @@ def parse_spec(spec: Mapping[str, Any], *, prefix: str = "spec") -> DDPJobSpec:
         path = _field_path(loc)
         msg = first["msg"].removeprefix("Value error, ")
         field = f"{prefix}.{path}" if path else prefix
+        named = _NAMED_RE.match(msg) if first["type"] == "value_error" else None
+        if named:  # a validator that names the exact field inside its model: "template.spec...env[0].name: ..."
+            field, msg = f"{field}.{named[1]}", named[2]
         if first["type"] == "extra_forbidden":
             msg = "unknown field; check its spelling against docs/api.md"
         elif first["type"] == "missing":

@@ -23,6 +23,11 @@ SUSPENDED = "Suspended"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 CONDITION_TYPES = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
+# Conditions beside the state: each says what blocks or threatens the job while it lasts.
+STALLED = "Stalled"
+CHILD_CONFLICT = "ChildConflict"
+CREATE_REFUSED = "CreateRefused"
+AUX_TYPES = (STALLED, CHILD_CONFLICT, CREATE_REFUSED)
 
 OWN_KEYS = (
     "conditions",
@@ -34,6 +39,8 @@ OWN_KEYS = (
     "failedReplicas",
     "ready",
     "restarts",
+    "incidentCount",
+    "incidents",
     "countedFailures",
     "lastFailure",
     "startTime",
@@ -42,7 +49,7 @@ OWN_KEYS = (
 )
 
 #: Condition types whose becoming True is a problem worth a Warning event.
-_WARNING_TYPES = (RESTARTING, FAILED)
+_WARNING_TYPES = (RESTARTING, FAILED, *AUX_TYPES)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -57,12 +64,24 @@ class Outcome:
     """Human-readable explanation."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Aux:
+    """An auxiliary condition this pass: True with its reason, or False (cleared, if it was ever set)."""
+
+    type: str
+    status: bool
+    reason: str
+    message: str
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Counts:
     """Everything the status records besides conditions."""
 
     desired: int
     restarts: int
+    incident_count: int = 0
+    incidents: tuple[Mapping[str, Any], ...] = ()
     counted_failures: tuple[str, ...] = ()
     last_failure: Mapping[str, Any] | None = None
     start_time: str | None = None
@@ -124,6 +143,7 @@ def compute_status(
     counts: Counts,
     generation: int,
     now: datetime,
+    aux: Sequence[Aux] = (),
 ) -> dict[str, Any]:
     """The new operator-owned status (every key of OWN_KEYS; None means: remove it)."""
     conds: list[dict[str, Any]] = [dict(c) for c in old.get("conditions") or []]
@@ -159,6 +179,11 @@ def compute_status(
         clear(RESTARTING, reason, msg)
     if state != SUSPENDED:
         clear(SUSPENDED, "Resumed", "the job was resumed")
+    for cond in aux:
+        if cond.status:
+            put(cond.type, True, cond.reason, cond.message)
+        else:
+            clear(cond.type, cond.reason, cond.message)
 
     active = [p for p in workers if p.active]
     ready = [p for p in workers if p.running and p.ready]
@@ -172,6 +197,8 @@ def compute_status(
         "failedReplicas": sum(p.phase == "Failed" for p in workers),
         "ready": f"{len(ready)}/{counts.desired}",
         "restarts": counts.restarts,
+        "incidentCount": counts.incident_count,
+        "incidents": [dict(i) for i in counts.incidents] or None,
         "countedFailures": list(counts.counted_failures) or None,
         "lastFailure": dict(counts.last_failure) if counts.last_failure else old.get("lastFailure"),
         "startTime": counts.start_time,
@@ -203,5 +230,7 @@ def transition_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Ev
         if cond["type"] == RESTARTING:
             continue  # the planner emits one WorkerFailed Event per failed pod, with its exit code
         kind = "Warning" if cond["type"] in _WARNING_TYPES else "Normal"
-        events.append(Event(kind, cond["reason"], cond.get("message") or cond["type"]))
+        # An auxiliary condition's Event is named by what happened (Stalled), its reason says why.
+        reason = cond["type"] if cond["type"] in AUX_TYPES else cond["reason"]
+        events.append(Event(kind, reason, cond.get("message") or cond["type"]))
     return events

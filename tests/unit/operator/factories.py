@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ddpjob_operator import builders, names
-from ddpjob_operator.observed import PodView, format_time
+from ddpjob_operator.observed import ChildView, PodView, format_time
 from ddpjob_operator.reconcile import Observed, Plan, plan
 from ddpjob_operator.spec import parse_ddpjob
 
@@ -96,12 +96,18 @@ def pod_obj(job: Obj, index: int | None, phase: str = "Running", **kw: Any) -> O
     )
     raw["metadata"]["uid"] = kw.get("uid") or f"pod-{next(_uids)}"
     raw["metadata"]["creationTimestamp"] = format_time(kw.get("created", T0))
+    raw["metadata"]["ownerReferences"] = [builders.owner_reference(kw.get("owner") or job)]
     if kw.get("deleting") is not None:
         raw["metadata"]["deletionTimestamp"] = format_time(kw["deleting"])
     raw["spec"]["nodeName"] = kw.get("node", "node-1")
     status: Obj = {"phase": phase}
     if phase == "Running":
         status["conditions"] = [{"type": "Ready", "status": "True"}]
+        started = format_time(kw.get("started", T0))
+        status["containerStatuses"] = [{"name": "worker" if index is not None else "rendezvous",
+                                        "state": {"running": {"startedAt": started}}}]
+    if kw.get("reason"):
+        status["reason"] = kw["reason"]
     if phase in ("Failed", "Succeeded"):
         term: Obj = {"exitCode": kw.get("exit_code", 0 if phase == "Succeeded" else 1)}
         term["finishedAt"] = format_time(kw.get("finished", T0))
@@ -125,24 +131,42 @@ class FakeCluster:
     def __init__(self, job: Obj) -> None:
         self.job: Obj | None = job
         self.pods: dict[str, Obj] = {}
+        self.children: dict[tuple[str, str], Obj] = {}
+        self.tombstones: list[PodView] = []
+        self.problems: dict[tuple[str, str], Any] = {}
+        self.deleted_by_plan: set[str] = set()
         self.created = 0
         self.statuses_written = 0
         self.events: list[tuple[str, str, str]] = []
         self.node_ready: dict[str, bool] = {"node-1": True}
 
     def observed(self, floor: int = 0) -> Observed:
-        return Observed(pods=views(*self.pods.values()), node_ready=self.node_ready, restarts_floor=floor)
+        return Observed(pods=[*views(*self.pods.values()), *self.tombstones], node_ready=self.node_ready,
+                        restarts_floor=floor, problems=dict(self.problems),
+                        children={k: ChildView.from_object(v) for k, v in self.children.items()})
 
     def plan(self, now: datetime) -> Plan:
         assert self.job is not None
         return plan(self.job, self.observed(), now)
 
     def apply(self, p: Plan, *, crash_after_creates: int | None = None, write_status: bool = True) -> None:
-        """Apply deletes, creates (optionally crash after N), status, events."""
+        """Apply children, deletes, creates (optionally crash after N), status, events."""
+        for obj in p.ensure:
+            key = (obj["kind"], obj["metadata"]["name"])
+            if key in self.children:
+                continue
+            child = copy.deepcopy(obj)
+            child["metadata"]["uid"] = f"child-{next(_uids)}"
+            retained = obj["kind"] == "PersistentVolumeClaim" and \
+                (self.jobobj["spec"].get("checkpoint") or {}).get("retainOnDelete", True)
+            if not retained:
+                child["metadata"]["ownerReferences"] = [builders.owner_reference(self.jobobj)]
+            self.children[key] = child
         for d in p.delete_pods:
             pod = self.pods.get(d.name)
             if pod is None or pod["metadata"]["uid"] != d.uid:
                 continue
+            self.deleted_by_plan.add(d.uid)  # the controller never treats its own deletions as losses
             if d.force or pod["status"]["phase"] in ("Failed", "Succeeded"):
                 del self.pods[d.name]
             else:
@@ -155,6 +179,7 @@ class FakeCluster:
                 continue  # 409 AlreadyExists == success
             new = copy.deepcopy(pod)
             new["metadata"]["uid"] = f"pod-{next(_uids)}"
+            new["metadata"]["ownerReferences"] = [builders.owner_reference(self.jobobj)]
             new["metadata"]["creationTimestamp"] = format_time(T0)
             new["status"] = {"phase": "Pending"}
             self.pods[name] = new
@@ -193,12 +218,25 @@ class FakeCluster:
             generation=int(labels.get(names.LABEL_RESTART_GENERATION, "0")),
             **kw,
         )
+        fresh["metadata"]["labels"] = labels
         pod["status"] = fresh["status"]
         pod["spec"]["nodeName"] = kw.get("node", "node-1")
 
+    def user_delete(self, name: str, *, force: bool = False, at: datetime = T0) -> None:
+        """Someone else deletes a pod: Terminating (graceful), or gone at once leaving a tombstone (force)."""
+        pod = self.pods[name]
+        if force:
+            del self.pods[name]
+            self.tombstones.append(PodView.from_pod(pod).as_gone(at))
+        else:
+            pod["metadata"]["deletionTimestamp"] = format_time(at)
+
     def finish_terminations(self) -> None:
         """The kubelet confirms every graceful deletion."""
+        gone = [v for v in self.pods.values() if "deletionTimestamp" in v["metadata"]
+                and v["metadata"]["uid"] not in self.deleted_by_plan]
         self.pods = {k: v for k, v in self.pods.items() if "deletionTimestamp" not in v["metadata"]}
+        self.tombstones += [PodView.from_pod(v).as_gone(T0) for v in gone]
 
     def run_all(self) -> None:
         for name in self.pods:

@@ -52,16 +52,29 @@ def test_worker_env_round_trips_through_the_contract() -> None:
     assert parsed.nnodes == "2" and parsed.rdzv_conf.startswith("is_host=false")
 
 
-def test_contract_env_wins_over_user_env_of_the_same_name() -> None:
+def test_user_env_is_kept_beside_the_contract() -> None:
     job = make_job().obj()
-    job["spec"]["template"]["spec"]["containers"][0]["env"] = [
-        {"name": "PET_RDZV_ENDPOINT", "value": "stale:1"},
-        {"name": "MY_VAR", "value": "kept"},
-    ]
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "MY_VAR", "value": "kept"}]
     env = builders.build_worker_pod(parse_ddpjob(job), 0)["spec"]["containers"][0]["env"]
     values = {e["name"]: e["value"] for e in env}
-    assert values["MY_VAR"] == "kept" and values["PET_RDZV_ENDPOINT"] != "stale:1"
-    assert [e["name"] for e in env].count("PET_RDZV_ENDPOINT") == 1
+    assert values["MY_VAR"] == "kept" and values["PET_RDZV_ENDPOINT"].startswith("job-rdzv.job.ns.svc:")
+    assert values["DDPJOB_TERMINATION_LOG"] == "/dev/termination-log"
+
+
+def test_rendezvous_pod_meets_the_restricted_pod_security_standard() -> None:
+    pod = builders.build_rendezvous_pod(parse_ddpjob(make_job().obj()))
+    sc = pod["spec"]["containers"][0]["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["runAsNonRoot"] is True and sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_network_policy_admits_only_the_jobs_pods_to_the_rendezvous_port() -> None:
+    np = builders.build_network_policy(parse_ddpjob(make_job().obj()))
+    assert np["spec"]["podSelector"]["matchLabels"] == {"ddpjob.io/job-name": "job",
+                                                        "ddpjob.io/replica-type": "rendezvous"}
+    assert np["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"ddpjob.io/job-name": "job"}}}],
+                                      "ports": [{"protocol": "TCP", "port": 29400}]}]
 
 
 def test_elastic_nnodes_and_sidecar_untouched() -> None:

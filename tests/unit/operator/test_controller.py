@@ -11,8 +11,7 @@ from typing import Any
 import kopf
 import pytest
 from ddpjob_operator import controller as ctl
-from ddpjob_operator.kube import Rejected
-from ddpjob_operator.observed import PodView
+from ddpjob_operator.kube import Created, Rejected, refusal
 
 from .factories import make_job
 
@@ -20,24 +19,31 @@ _uids = itertools.count(1)
 
 
 class FakeKube:
-    def __init__(self, job: dict[str, Any], reject: str | None = None) -> None:
+    def __init__(self, job: dict[str, Any], reject: str | None = None, forbid: str | None = None) -> None:
         self.job = job
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[str] = []
         self.reject = reject
+        self.forbid = forbid
 
-    async def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+    async def create(self, obj: dict[str, Any]) -> Created:
         key = (obj["kind"], obj["metadata"]["name"])
         self.calls.append(f"create {key[0]} {key[1]}")
         if self.reject == key[0]:
             raise Rejected(key[0], key[1], "spec.containers[0].resources: bad quantity")
+        if self.forbid == key[0]:
+            return Created(refused=refusal(key[0], key[1], 'pods "x" is forbidden: violates PodSecurity '
+                                           '"restricted:latest": allowPrivilegeEscalation != false'))
         if key in self.objects:
-            return None
+            return Created(existing=copy.deepcopy(self.objects[key]))
         new = copy.deepcopy(obj)
         new["metadata"]["uid"] = f"u{next(_uids)}"
         new["status"] = {"phase": "Pending"}
         self.objects[key] = new
-        return new
+        return Created(obj=new)
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return copy.deepcopy(self.objects.get((kind, name)))
 
     async def delete_pod(self, namespace: str, name: str, uid: str, *, force: bool) -> bool:
         self.calls.append(f"delete Pod {name}")
@@ -69,11 +75,10 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return posted
 
 
-def run_passes(job: dict[str, Any], kube: FakeKube, index: dict[Any, list[PodView]], passes: int) -> ctl.Controller:
+def run_passes(job: dict[str, Any], kube: FakeKube, passes: int) -> ctl.Controller:
     async def scenario() -> ctl.Controller:
         c = ctl.Controller()
         c.kube = kube  # type: ignore[assignment]  # a duck-typed fake of the API layer
-        c.pods = index
         c.job_seen(None, job)
         for _ in range(passes):
             await c.reconcile(("ns", "job"))
@@ -87,7 +92,7 @@ def test_one_pass_creates_children_writes_status_once_and_posts_events(events: l
     job = make_job(replicas=2).obj()
     job["metadata"]["resourceVersion"] = "1"
     kube = FakeKube(job)
-    run_passes(job, kube, {}, passes=1)
+    run_passes(job, kube, passes=1)
     kinds = sorted(c for c in kube.calls if c.startswith("create"))
     assert kinds == sorted(
         [
@@ -95,6 +100,7 @@ def test_one_pass_creates_children_writes_status_once_and_posts_events(events: l
             "create Role job-worker",
             "create RoleBinding job-worker",
             "create Service job",
+            "create NetworkPolicy job-rdzv",
             "create Pod job-rdzv",
             "create Pod job-worker-0",
             "create Pod job-worker-1",
@@ -109,16 +115,15 @@ def test_one_pass_creates_children_writes_status_once_and_posts_events(events: l
 def test_lagging_watch_does_not_cause_duplicate_creates(events: list[tuple[str, str]]) -> None:
     job = make_job(replicas=2).obj()
     kube = FakeKube(job)
-    run_passes(job, kube, {}, passes=3)  # the index never sees the pods: expectations stand in
+    run_passes(job, kube, passes=3)  # the cache never sees the pods: expectations stand in
     assert sum(c.startswith("create Pod") for c in kube.calls) == 3
-    assert sum(c.startswith("create ServiceAccount") for c in kube.calls) == 1
 
 
 def test_retained_pvc_has_no_owner_reference(events: list[tuple[str, str]]) -> None:
     for retain, owned in ((True, False), (False, True)):
         job = make_job(replicas=1).with_checkpoint(volumeClaim={"size": "1Gi"}, retainOnDelete=retain).obj()
         kube = FakeKube(job)
-        run_passes(job, kube, {}, passes=1)
+        run_passes(job, kube, passes=1)
         pvc = kube.objects[("PersistentVolumeClaim", "job-checkpoints")]
         assert ("ownerReferences" in pvc["metadata"]) is owned
 
@@ -126,7 +131,7 @@ def test_retained_pvc_has_no_owner_reference(events: list[tuple[str, str]]) -> N
 def test_rejected_pod_template_fails_the_job(events: list[tuple[str, str]]) -> None:
     job = make_job(replicas=1).obj()
     kube = FakeKube(job, reject="Pod")
-    run_passes(job, kube, {}, passes=1)
+    run_passes(job, kube, passes=1)
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidPodTemplate" and "bad quantity" in failed["message"]
     assert any(reason == "InvalidPodTemplate" for reason, _ in events)
@@ -135,7 +140,41 @@ def test_rejected_pod_template_fails_the_job(events: list[tuple[str, str]]) -> N
 def test_invalid_spec_writes_status_and_creates_nothing(events: list[tuple[str, str]]) -> None:
     job = make_job(replicas=3).with_elastic(1, 2).obj()
     kube = FakeKube(job)
-    run_passes(job, kube, {}, passes=2)
+    run_passes(job, kube, passes=2)
     assert not any(c.startswith("create") for c in kube.calls)
     assert kube.calls.count("patch status") == 1
     assert job["status"]["conditions"][0]["reason"] == "InvalidSpec"
+
+
+def test_children_are_ensured_on_every_pass_until_the_cache_shows_them(events: list[tuple[str, str]]) -> None:
+    job = make_job(replicas=1).obj()
+    kube = FakeKube(job)
+    c = run_passes(job, kube, passes=2)
+    # Nothing fed the cache: every pass tries again, and the 409s answer "it exists and it is ours".
+    assert kube.calls.count("create Service job") == 2
+    assert "ChildConflict" not in {x["type"] for x in job["status"]["conditions"] if x["status"] == "True"}
+    assert not c.jobs[("ns", "job")].problems
+
+
+def test_foreign_service_with_the_childs_name_is_a_conflict_in_the_same_pass(events: list[tuple[str, str]]) -> None:
+    job = make_job(replicas=1).obj()
+    kube = FakeKube(job)
+    kube.objects[("Service", "job")] = {"kind": "Service", "metadata": {"name": "job", "uid": "foreign"}}
+    run_passes(job, kube, passes=1)
+    conflict = next(x for x in job["status"]["conditions"] if x["type"] == "ChildConflict")
+    assert conflict["status"] == "True" and "Service job exists and is not controlled by any DDPJob" in \
+        conflict["message"]
+    assert "ownerReferences" not in kube.objects[("Service", "job")]["metadata"], "never adopted"
+    assert not any(k[0] == "Pod" for k in kube.objects), "no pod while a child conflicts"
+    assert kube.calls.count("patch status") == 1
+    assert any(reason == "ChildConflict" for reason, _ in events)
+
+
+def test_refused_pod_create_says_why_in_the_same_pass(events: list[tuple[str, str]]) -> None:
+    job = make_job(replicas=1).obj()
+    kube = FakeKube(job, forbid="Pod")
+    c = run_passes(job, kube, passes=1)
+    refused = next(x for x in job["status"]["conditions"] if x["type"] == "CreateRefused")
+    assert refused["status"] == "True" and refused["reason"] == "PodSecurity"
+    assert "allowPrivilegeEscalation" in refused["message"] and "Pod Security level" in refused["message"]
+    assert c.jobs[("ns", "job")].refusals == 1

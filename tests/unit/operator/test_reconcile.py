@@ -32,7 +32,7 @@ def test_new_job_creates_rendezvous_workers_and_children() -> None:
     p = plan(make_job(replicas=2).obj(), Observed(), at(0))
     names = [o["metadata"]["name"] for o in p.create_pods]
     assert names == ["job-rdzv", "job-worker-0", "job-worker-1"]
-    assert [o["kind"] for o in p.ensure] == ["ServiceAccount", "Role", "RoleBinding", "Service"]
+    assert [o["kind"] for o in p.ensure] == ["ServiceAccount", "Role", "RoleBinding", "Service", "NetworkPolicy"]
     assert p.status["state"] == "Created"
     assert p.status["restarts"] == 0
     assert p.status["startTime"] == "2026-01-01T12:00:00Z"
@@ -237,28 +237,31 @@ def test_elastic_success_waits_for_stragglers_then_close_timeout() -> None:
     assert "job-worker-1" in [d.name for d in p.delete_pods]
 
 
-def test_stuck_terminating_pod_on_notready_node_is_force_deleted_and_replaced() -> None:
+def test_stuck_terminating_pod_on_notready_node_is_counted_then_force_deleted_and_replaced() -> None:
     c = running_cluster(terminatingNodeTimeoutSeconds=300)
     c.pods["job-worker-0"]["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:00Z"
     c.node_ready["node-1"] = False
-    p = c.step(at(100))
-    assert p.delete_pods == [] and p.requeue_after == pytest.approx(200)
-    c.step(at(301))
-    assert c.status["restarts"] == 1
-    assert any("stuck Terminating" in m for _, _, m in c.events)
-    p = c.step(at(302))
+    p = c.step(at(100))  # a loss as soon as it is seen Terminating; the name is taken until it is gone
+    assert p.delete_pods == [] and p.create_pods == [] and p.requeue_after == pytest.approx(200)
+    assert c.status["incidentCount"] == 1 and c.status["incidents"][0]["cause"] == "NodeLost"
+    assert any("node-1 is NotReady" in m for _, _, m in c.events)
+    p = c.step(at(301))
     assert [(d.name, d.force) for d in p.delete_pods if d.name == "job-worker-0"] == [("job-worker-0", True)]
     assert "job-worker-0" in [o["metadata"]["name"] for o in p.create_pods]
+    assert c.status["incidentCount"] == 1
 
 
-def test_rendezvous_pod_failure_recreates_it_without_counting() -> None:
+def test_rendezvous_pod_failure_is_one_incident_then_recreated() -> None:
     c = running_cluster()
     c.set_phase("job-rdzv", "Failed", exit_code=137)
-    p = c.step(at(5))
+    p = c.step(at(5))  # counted first
+    assert p.delete_pods == [] and p.create_pods == []
+    assert c.status["incidentCount"] == 1 and c.status["incidents"][0]["cause"] == "RendezvousLost"
+    assert any(e.reason == "RendezvousLost" for e in p.events)
+    p = c.step(at(6))
     assert [d.name for d in p.delete_pods] == ["job-rdzv"]
     assert [o["metadata"]["name"] for o in p.create_pods] == ["job-rdzv"]
-    assert any(e.reason == "RendezvousRestarted" for e in p.events)
-    assert c.status["restarts"] == 0
+    assert c.status["restarts"] == 0 and c.status["incidentCount"] == 1
 
 
 def test_invalid_spec_fails_without_pods() -> None:

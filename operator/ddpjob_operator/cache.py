@@ -1,0 +1,174 @@
+"""The operator's view of every DDPJob's children, fed by watch events and corrected by periodic re-lists.
+
+kopf's own indices only add what a (re-)listing yields: a pod deleted while a watch was down (an API server
+restart) stays in them for ever, and the job waits on a ghost. This cache is an informer with resync instead:
+``apply`` takes watch events, ``resync`` takes a full LIST and drops what the API server no longer has (unless
+a watch event newer than the LIST says otherwise). A pod that disappears becomes a *tombstone* for a while, so
+the planner can count a loss it never saw Terminating (a force delete, a deletion during a watch outage).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from ddpjob_operator import names
+from ddpjob_operator.observed import ChildView, PodView
+
+Key = tuple[str, str]
+"""(namespace, job name)."""
+
+#: How long a deleted pod is remembered as a tombstone (long enough for a few passes to count it).
+TOMBSTONE_SECONDS = 300.0
+
+
+@dataclasses.dataclass
+class _Tomb:
+    view: PodView
+    at: float
+
+
+def job_key(obj: Mapping[str, Any]) -> Key | None:
+    """(namespace, job) from an object's job-name label, or None if it has none."""
+    meta = obj.get("metadata") or {}
+    job = (meta.get("labels") or {}).get(names.LABEL_JOB_NAME)
+    return (str(meta.get("namespace") or ""), str(job)) if job else None
+
+
+class ChildCache:
+    """Pods and other children by job; every method is O(objects of one job) or one pass over a LIST."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self._pods: dict[Key, dict[str, PodView]] = {}
+        self._tombs: dict[Key, dict[str, _Tomb]] = {}
+        self._children: dict[Key, dict[tuple[str, str], ChildView]] = {}
+        self._clock = clock
+        self._swept = clock()
+
+    # --- watch events ---
+
+    def apply(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> Key | None:
+        """One watch event (type None: kopf's initial listing); returns the job it concerns."""
+        key = job_key(obj)
+        if key is None:
+            return None
+        if kind == "Pod":
+            self._apply_pod(key, event_type, PodView.from_pod(obj))
+        else:
+            view = ChildView.from_object({**obj, "kind": kind})
+            group = self._children.setdefault(key, {})
+            if event_type == "DELETED":
+                group.pop((kind, view.name), None)
+            else:
+                old = group.get((kind, view.name))
+                if old is None or old.uid != view.uid or view.resource_version >= old.resource_version:
+                    group[(kind, view.name)] = view
+        return key
+
+    def _apply_pod(self, key: Key, event_type: str | None, view: PodView) -> None:
+        pods = self._pods.setdefault(key, {})
+        if event_type == "DELETED":
+            pods.pop(view.uid, None)
+            self._bury(key, view)
+            return
+        old = pods.get(view.uid)
+        if old is None or view.resource_version >= old.resource_version:
+            pods[view.uid] = view
+
+    def _bury(self, key: Key, view: PodView) -> None:
+        now = self._clock()
+        self._tombs.setdefault(key, {})[view.uid] = _Tomb(view.as_gone(datetime.now(UTC)), now)
+        if now - self._swept > TOMBSTONE_SECONDS:  # pods of deleted jobs are never read again: expire them here
+            self._swept = now
+            for key_ in list(self._tombs):
+                self._expire(key_, now)
+
+    def _expire(self, key: Key, now: float) -> dict[str, _Tomb]:
+        tombs = self._tombs.get(key, {})
+        for uid in [u for u, t in tombs.items() if t.at < now - TOMBSTONE_SECONDS]:
+            del tombs[uid]
+        if not tombs:
+            self._tombs.pop(key, None)
+        return tombs
+
+    # --- resync ---
+
+    def resync(self, kind: str, items: Iterable[Mapping[str, Any]], list_rv: int,
+               scope: Iterable[str] | None = None) -> set[Key]:
+        """Replace what a LIST at ``list_rv`` covers (all namespaces, or those in ``scope``); returns the jobs
+        whose children changed. Objects newer than the LIST (seen by a watch meanwhile) are kept."""
+        listed: dict[Key, dict[str, Mapping[str, Any]]] = {}
+        for obj in items:
+            key = job_key(obj)
+            if key is not None:
+                uid = str((obj.get("metadata") or {}).get("uid") or "")
+                listed.setdefault(key, {})[uid] = obj
+        namespaces = set(scope) if scope is not None else None
+        store: Mapping[Key, Mapping[Any, Any]] = self._pods if kind == "Pod" else self._children
+        changed: set[Key] = set()
+        for key in set(store) | set(listed):
+            if namespaces is not None and key[0] not in namespaces:
+                continue
+            if self._resync_job(kind, key, listed.get(key, {}), list_rv):
+                changed.add(key)
+        return changed
+
+    def _resync_job(self, kind: str, key: Key, listed: Mapping[str, Mapping[str, Any]], list_rv: int) -> bool:
+        if kind == "Pod":
+            return self._resync_pods(key, listed, list_rv)
+        return self._resync_children(kind, key, listed, list_rv)
+
+    def _resync_pods(self, key: Key, listed: Mapping[str, Mapping[str, Any]], list_rv: int) -> bool:
+        changed = False
+        pods = self._pods.setdefault(key, {})
+        for uid, view in list(pods.items()):
+            if uid not in listed and view.resource_version <= list_rv:
+                del pods[uid]
+                self._bury(key, view)  # deleted while no watch told us
+                changed = True
+        tombs = self._tombs.get(key, {})
+        for uid, obj in listed.items():
+            view = PodView.from_pod(obj)
+            old = pods.get(uid)
+            if uid in tombs or (old is not None and old.resource_version >= view.resource_version):
+                continue
+            pods[uid] = view
+            changed = True
+        return changed
+
+    def _resync_children(self, kind: str, key: Key, listed: Mapping[str, Mapping[str, Any]], list_rv: int) -> bool:
+        changed = False
+        group = self._children.setdefault(key, {})
+        fresh = {(kind, v.name): v for v in (ChildView.from_object({**o, "kind": kind}) for o in listed.values())}
+        for ck, child in list(group.items()):
+            if ck[0] == kind and ck not in fresh and child.resource_version <= list_rv:
+                del group[ck]
+                changed = True
+        for ck, new in fresh.items():
+            old = group.get(ck)
+            if old is None or old.uid != new.uid or new.resource_version > old.resource_version:
+                group[ck] = new
+                changed = True
+        return changed
+
+    # --- reads ---
+
+    def pods(self, key: Key) -> list[PodView]:
+        """The job's pods, then tombstones of pods deleted within TOMBSTONE_SECONDS."""
+        tombs = self._expire(key, self._clock())
+        live = list(self._pods.get(key, {}).values())
+        return live + [t.view for t in tombs.values()]
+
+    def children(self, key: Key) -> dict[tuple[str, str], ChildView]:
+        """The job's non-pod children by (kind, name)."""
+        return dict(self._children.get(key, {}))
+
+    def forget(self, key: Key) -> None:
+        """The job is gone: drop everything about it."""
+        self._pods.pop(key, None)
+        self._tombs.pop(key, None)
+        self._children.pop(key, None)
+

@@ -1,0 +1,151 @@
+"""Incidents: one cause, one count, whatever the number of pods it takes down.
+
+The rule (docs/api.md, "Incidents"): a loss joins the newest incident when that incident is still recovering,
+began at most ``runPolicy.incidentWindowSeconds`` before the loss, and has not already lost the same pod;
+otherwise the loss opens a new incident. ``backoffLimit`` counts incidents. So a lost rendezvous store, which
+makes every agent exit 200 within seconds, is one incident for 2 workers or 2000, and a node that takes three
+workers with it is one incident; but a pod that crashes again after its replacement started is a new incident
+(its name is already in the open one), so a crash loop still exhausts the budget instead of hiding inside one
+incident for ever. A stall never joins an open incident: restarting the group is a decision of its own.
+
+Counting survives operator crashes the way restarts always did: a lost pod's UID is first recorded
+(``status.countedFailures``) together with the incident, and only a later pass that sees that status acts on
+the pod; each pod created afterwards carries the incident count in a label, so a stale read cannot lower it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from ddpjob_operator.observed import format_time, parse_time, truncate
+from ddpjob_operator.policies.failure import STALLED, Loss, pick_cause
+
+#: Incidents kept in status.incidents (the total is status.incidentCount).
+MAX_RECENT = 10
+
+RECOVERING = "Recovering"
+RECOVERED = "Recovered"
+FAILED = "Failed"
+
+Obj = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Decision:
+    """What the incident policy decided this pass."""
+
+    incidents: list[Obj]
+    """status.incidents, newest last."""
+    count: int
+    """status.incidentCount."""
+    counted: list[str]
+    """UIDs of lost pods now attributed (status.countedFailures)."""
+    new_losses: list[tuple[Loss, int]]
+    """Losses attributed this pass, with the id of their incident."""
+    opened: list[int]
+    """Ids of incidents opened this pass."""
+    permanent: Loss | None = None
+    """A loss that fails the job at once (permanent exit code)."""
+    exhausted: bool = False
+    """More incidents than backoffLimit: the job fails."""
+
+
+def _joinable(incident: Mapping[str, Any], loss: Loss, window: int, fresh: bool) -> bool:
+    """Whether ``loss`` joins ``incident`` (``fresh``: opened by this very attribution)."""
+    if (incident.get("cause") == STALLED) != (loss.cause == STALLED):
+        return False  # a stall restarts the group as an incident of its own, joined only by its own pods
+    if loss.cause == STALLED and not fresh:
+        return False
+    if incident.get("outcome") != RECOVERING:
+        return False
+    start = parse_time(incident.get("startTime"))
+    if start is None or loss.pod in (incident.get("pods") or []):
+        return False
+    return loss.at - start <= timedelta(seconds=window)
+
+
+def _summary(loss: Loss) -> str:
+    return truncate(f"{loss.pod}: {loss.detail}", 300)
+
+
+def attribute(
+    incidents: Sequence[Mapping[str, Any]],
+    count: int,
+    counted: Sequence[str],
+    losses: Sequence[Loss],
+    *,
+    window: int,
+    backoff_limit: int,
+) -> Decision:
+    """Attribute this pass's new losses (UIDs not yet counted) to incidents, oldest loss first."""
+    recent = [dict(i) for i in incidents]
+    counted_now = list(counted)
+    new = sorted((loss for loss in losses if loss.uid not in counted_now), key=lambda x: (x.at, x.pod))
+    attributed: list[tuple[Loss, int]] = []
+    opened: list[int] = []
+    for loss in new:
+        last = recent[-1] if recent else None
+        if last is not None and _joinable(last, loss, window, int(last["id"]) in opened):
+            target = last
+        else:
+            count += 1
+            target = {"id": count, "cause": loss.cause, "startTime": format_time(loss.at), "pods": [],
+                      "outcome": RECOVERING, "message": ""}
+            recent.append(target)
+            opened.append(count)
+        target["pods"] = [*target.get("pods", []), loss.pod]
+        cause = pick_cause([target["cause"], loss.cause])
+        if not target["message"] or (cause == loss.cause and cause != target["cause"]):
+            target["message"] = _summary(loss)  # the message tells the loss that names the incident
+        target["cause"] = cause
+        counted_now.append(loss.uid)
+        attributed.append((loss, int(target["id"])))
+    permanent = next((loss for loss, _ in attributed if loss.permanent), None)
+    return Decision(
+        incidents=recent[-MAX_RECENT:],
+        count=count,
+        counted=counted_now,
+        new_losses=attributed,
+        opened=opened,
+        permanent=permanent,
+        exhausted=count > backoff_limit,
+    )
+
+
+def mark_failed(incidents: Sequence[Mapping[str, Any]]) -> list[Obj]:
+    """The job failed: the incident still recovering (if any) ends Failed."""
+    out = [dict(i) for i in incidents]
+    if out and out[-1].get("outcome") == RECOVERING:
+        out[-1]["outcome"] = FAILED
+    return out
+
+
+def mark_recovered(incidents: Sequence[Mapping[str, Any]], at: datetime) -> tuple[list[Obj], Obj | None]:
+    """Close the recovering incident (all workers run and training reported progress since it began)."""
+    out = [dict(i) for i in incidents]
+    if not out or out[-1].get("outcome") != RECOVERING:
+        return out, None
+    last = out[-1]
+    start = parse_time(last.get("startTime"))
+    last["outcome"] = RECOVERED
+    last["recoveredTime"] = format_time(at)
+    if start is not None:
+        last["recoverySeconds"] = max(0, int((at - start).total_seconds()))
+    return out, last
+
+
+def recovering(incidents: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The newest incident if it is still recovering."""
+    return incidents[-1] if incidents and incidents[-1].get("outcome") == RECOVERING else None
+
+
+def list_text(incidents: Sequence[Mapping[str, Any]], count: int) -> str:
+    """The incidents for a Failed condition's message: ``#1 RendezvousLost at T (3 pods); #2 ...``."""
+    parts = [f"#{i.get('id')} {i.get('cause')} at {i.get('startTime')} ({len(i.get('pods') or [])} pod(s): "
+             f"{i.get('message')})" for i in incidents]
+    older = count - len(incidents)
+    head = f"{older} older incident(s); " if older > 0 else ""
+    return head + "; ".join(parts)

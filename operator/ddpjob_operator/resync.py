@@ -1,0 +1,68 @@
+"""The periodic resync: LIST every kind the operator watches and correct its caches with what the API server
+really has. A watch can miss events (an API server restart, a re-list after a 410, a network partition of the
+operator); without a resync a pod deleted meanwhile is never replaced. Every job also gets a pass each period,
+so anything a level-based pass would fix is fixed within one period at the latest."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from typing import Protocol
+
+from ddpjob_operator.cache import ChildCache, Key
+from ddpjob_operator.kube import API_VERSIONS, Kube
+from ddpjob_operator.names import LABEL_JOB_NAME
+from ddpjob_operator.spec import API_VERSION, KIND
+
+log = logging.getLogger("ddpjob.resync")
+
+#: Default seconds between two resyncs (`ddpjob operator --resync-seconds`).
+DEFAULT_RESYNC_SECONDS = 60.0
+
+
+class JobSink(Protocol):
+    """What the resync feeds: the controller."""
+
+    def resync_jobs(self, bodies: list[dict[str, object]], list_rv: int, scope: Iterable[str] | None) -> None: ...
+
+    def enqueue(self, keys: Iterable[Key]) -> None: ...
+
+
+async def resync_once(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: list[str]) -> int:
+    """One full resync; returns the number of jobs whose children changed."""
+    scopes: list[str | None] = list(namespaces) if namespaces else [None]
+    scope = namespaces or None
+    changed: set[Key] = set()
+    for kind, api_version in API_VERSIONS.items():
+        items: list[dict[str, object]] = []
+        rv = 0
+        for ns in scopes:
+            page, page_rv = await kube.list(api_version, kind, ns, LABEL_JOB_NAME)
+            items += page
+            rv = max(rv, page_rv)
+        changed |= cache.resync(kind, items, rv, scope)
+    jobs: list[dict[str, object]] = []
+    jobs_rv = 0
+    for ns in scopes:
+        page, page_rv = await kube.list(API_VERSION, KIND, ns, "")
+        jobs += page
+        jobs_rv = max(jobs_rv, page_rv)
+    sink.resync_jobs(jobs, jobs_rv, scope)
+    sink.enqueue(changed)
+    return len(changed)
+
+
+async def resync_forever(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: list[str],
+                         period: float) -> None:
+    """Resync every ``period`` seconds until cancelled; an error is logged and the next period tries again."""
+    while True:
+        await asyncio.sleep(period)
+        try:
+            n = await resync_once(kube, cache, sink, namespaces)
+            if n:
+                log.info("resync: the watches had missed changes of %d job(s); corrected", n)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # the next period retries; a resync must never take the operator down
+            log.warning("resync failed, retrying in %.0fs: %r", period, err)

@@ -1,0 +1,159 @@
+"""Planner scenarios of fault *sequences* on the in-memory cluster: incidents counted once per cause, recovery,
+stalls, deleted and foreign children."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ddpjob_operator import status as st
+from ddpjob_operator.observed import format_time
+
+from .factories import FakeCluster, at, make_job, pod_obj
+
+pytestmark = pytest.mark.unit
+
+
+def running(replicas: int = 2, **policy: Any) -> FakeCluster:
+    job = make_job(replicas=replicas)
+    if policy:
+        job.with_run_policy(**policy)
+    c = FakeCluster(job.obj())
+    c.converge(at(0))
+    c.run_all()
+    c.converge(at(1))
+    assert c.status["state"] == "Running"
+    return c
+
+
+def lose_rendezvous(c: FakeCluster, t: float) -> None:
+    """What a real cluster does: the store pod is deleted, then every agent exits 200, then pods get replaced."""
+    c.user_delete("job-rdzv", at=at(t))
+    c.converge(at(t))
+    for name in c.worker_names():
+        c.set_phase(name, "Failed", exit_code=200, finished=at(t + 2),
+                    message="RendezvousConnectionError: the store at job-rdzv.job.ns.svc:29400 is unreachable")
+    c.converge(at(t + 3))
+    c.finish_terminations()
+    c.converge(at(t + 4))
+    c.run_all()
+    c.converge(at(t + 5))
+
+
+def test_rendezvous_loss_counts_once_for_four_workers_and_the_fourth_loss_fails() -> None:
+    c = running(replicas=4, backoffLimit=3)
+    for n, t in enumerate((100, 200, 300), start=1):
+        lose_rendezvous(c, t)
+        assert c.status["incidentCount"] == n, c.status.get("incidents")
+        assert c.status["state"] == "Running"
+        assert c.status["incidents"][-1]["cause"] == "RendezvousLost"
+        assert sorted(c.status["incidents"][-1]["pods"]) == sorted(["job-rdzv", *c.worker_names()])
+    assert c.status["restarts"] == 12  # pods replaced: 4 per loss
+    lose_rendezvous(c, 400)
+    failed = st.get_condition(c.status, "Failed")
+    assert failed is not None and failed["reason"] == "BackoffLimitExceeded"
+    assert failed["message"].startswith("4 incidents exceed spec.runPolicy.backoffLimit (3): #1 RendezvousLost")
+    assert "#4 RendezvousLost" in failed["message"]
+    assert c.status["incidents"][-1]["outcome"] == "Failed"
+
+
+def test_deleted_worker_is_an_incident_replaced_once_gone_and_recovered_with_progress() -> None:
+    c = running(replicas=2)
+    c.jobobj["status"]["progress"] = {"globalStep": 40, "updateTime": format_time(at(5))}
+    c.user_delete("job-worker-1", at=at(10))
+    p = c.step(at(10))
+    assert p.create_pods == [] and c.status["incidentCount"] == 1
+    assert c.status["incidents"][0]["cause"] == "PodDeleted" and c.status["state"] == "Restarting"
+    c.finish_terminations()
+    p = c.step(at(12))
+    assert [o["metadata"]["name"] for o in p.create_pods] == ["job-worker-1"]
+    assert p.create_pods[0]["metadata"]["labels"]["ddpjob.io/incident-generation"] == "1"
+    c.run_all()
+    c.step(at(13))
+    assert c.status["incidents"][0]["outcome"] == "Recovering", "no progress reported since the incident yet"
+    c.jobobj["status"]["progress"] = {"globalStep": 50, "updateTime": format_time(at(20))}
+    p = c.step(at(21))
+    inc = c.status["incidents"][0]
+    assert inc["outcome"] == "Recovered" and inc["recoverySeconds"] == 10
+    assert any(e.reason == "IncidentRecovered" and "recovered in 10s" in e.message for e in p.events)
+    assert c.status["incidentCount"] == 1
+
+
+def test_force_deleted_worker_seen_only_as_a_tombstone_is_counted_and_replaced() -> None:
+    c = running(replicas=2)
+    c.user_delete("job-worker-0", force=True, at=at(10))
+    p = c.step(at(10))
+    assert c.status["incidentCount"] == 1
+    assert [o["metadata"]["name"] for o in p.create_pods] == ["job-worker-0"]
+    c.converge(at(11))
+    assert c.status["incidentCount"] == 1, "a tombstone is counted once"
+
+
+def test_a_crash_loop_of_one_worker_exhausts_the_budget() -> None:
+    c = running(replicas=2, backoffLimit=2)
+    for t in (10, 20, 30):
+        c.set_phase("job-worker-1", "Failed", exit_code=137, finished=at(t))
+        c.converge(at(t))
+        if st.condition_true(c.status, "Failed"):
+            break
+        c.run_all()
+    assert c.status["incidentCount"] == 3 and st.condition_true(c.status, "Failed")
+
+
+def test_stall_restarts_the_group_as_one_incident_then_resumes() -> None:
+    c = running(replicas=2, progressDeadlineSeconds=30)
+    c.jobobj["status"]["progress"] = {"globalStep": 7, "updateTime": format_time(at(10))}
+    assert c.step(at(20)).requeue_after == pytest.approx(20)
+    p = c.step(at(41))
+    stalled = st.get_condition(c.status, "Stalled")
+    assert stalled is not None and stalled["status"] == "True" and stalled["reason"] == "ProgressStopped"
+    assert "global step 7" in stalled["message"] and "silent rank" in stalled["message"]
+    assert c.status["incidents"][-1]["cause"] == "Stalled" and len(c.status["incidents"][-1]["pods"]) == 2
+    assert any(e.reason == "Stalled" for e in p.events)
+    p = c.step(at(42))
+    assert sorted((d.name, d.force) for d in p.delete_pods) == [("job-worker-0", False), ("job-worker-1", False)]
+    c.finish_terminations()
+    c.converge(at(43))
+    c.run_all()
+    c.converge(at(44))
+    assert c.status["incidentCount"] == 1 and st.condition_true(c.status, "Stalled"), "until training progresses"
+    c.jobobj["status"]["progress"] = {"globalStep": 8, "updateTime": format_time(at(50))}
+    c.step(at(51))
+    assert not st.condition_true(c.status, "Stalled") and c.status["incidents"][-1]["outcome"] == "Recovered"
+
+
+def test_stall_with_on_stall_fail_fails_the_job() -> None:
+    c = running(replicas=2, progressDeadlineSeconds=30, onStall="Fail")
+    c.step(at(40))
+    failed = st.get_condition(c.status, "Failed")
+    assert failed is not None and failed["reason"] == "ProgressDeadlineExceeded"
+
+
+def test_pending_pods_are_reported_as_stalled_but_never_restarted() -> None:
+    job = make_job(replicas=2).with_run_policy(progressDeadlineSeconds=30)
+    c = FakeCluster(job.obj())
+    c.converge(at(0))
+    p = c.step(at(31))
+    stalled = st.get_condition(c.status, "Stalled")
+    assert stalled is not None and stalled["reason"] == "PodsPending" and "job-worker-0 (Pending)" in stalled["message"]
+    assert p.delete_pods == [] and c.status.get("incidentCount", 0) == 0
+
+
+def test_deleted_service_is_created_again_with_an_event() -> None:
+    c = running(replicas=2)
+    del c.children[("Service", "job")]
+    p = c.step(at(5))
+    assert [o["kind"] for o in p.ensure] == ["Service"]
+    assert any(e.reason == "ChildRecreated" and "Service job" in e.message for e in p.events)
+    assert c.status.get("incidentCount", 0) == 0
+
+
+def test_foreign_pod_with_a_workers_name_is_a_conflict_and_never_touched() -> None:
+    c = running(replicas=2)
+    foreign = pod_obj(c.jobobj, 1, "Running", owner={"metadata": {"name": "other", "uid": "other-uid"}})
+    c.user_delete("job-worker-1", force=True, at=at(5))
+    c.pods["job-worker-1"] = foreign
+    p = c.step(at(6))
+    conflict = st.get_condition(c.status, "ChildConflict")
+    assert conflict is not None and conflict["status"] == "True" and "Pod job-worker-1" in conflict["message"]
+    assert p.create_pods == [] and all(d.uid != foreign["metadata"]["uid"] for d in p.delete_pods)

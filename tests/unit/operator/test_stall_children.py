@@ -1,0 +1,163 @@
+"""Table tests of stall detection (policies/stall.py), the children policy (policies/children.py) and the
+template refusals of the spec model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from ddpjob_operator.observed import ChildView, PodView, format_time
+from ddpjob_operator.policies import children, stall
+from ddpjob_operator.policies.children import Problem
+from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
+
+from .factories import at, make_job
+
+pytestmark = pytest.mark.unit
+
+
+def worker(i: int, **kw: Any) -> PodView:
+    base: dict[str, Any] = {"name": f"j-worker-{i}", "uid": f"w{i}", "replica_type": "worker", "index": i,
+                            "phase": "Running", "started_at": at(0)}
+    return PodView(**{**base, **kw})
+
+
+RDZV = PodView(name="j-rdzv", uid="r", replica_type="rendezvous", phase="Running")
+
+
+def status(progress_at: float | None = None, **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"startTime": format_time(at(0)), **extra}
+    if progress_at is not None:
+        out["progress"] = {"globalStep": 42, "updateTime": format_time(at(progress_at))}
+    return out
+
+
+@pytest.mark.parametrize(
+    ("name", "st", "workers", "rdzv", "now", "reason", "actionable"),
+    [
+        ("progress within the deadline", status(50), [worker(0), worker(1)], [RDZV], 100, None, None),
+        ("a silent rank after steps", status(10), [worker(0), worker(1)], [RDZV], 100, "ProgressStopped", True),
+        ("never a step since the group started", status(None), [worker(0), worker(1)], [RDZV], 100,
+         "NoProgressSinceStart", True),
+        ("a replaced worker never joined: no step since it started",
+         status(5), [worker(0), worker(1, started_at=at(8))], [RDZV], 100, "NoProgressSinceStart", True),
+        ("pending pods are reported, never restarted",
+         status(None), [worker(0), worker(1, phase="Pending", started_at=None, waiting="Unschedulable: 0/3 nodes")],
+         [RDZV], 100, "PodsPending", False),
+        ("a recent incident restarts the clock",
+         status(10, incidents=[{"startTime": format_time(at(60))}]), [worker(0), worker(1)], [RDZV], 100, None,
+         None),
+    ],
+)
+def test_stall_detection(name: str, st: dict[str, Any], workers: list[PodView], rdzv: list[PodView], now: float,
+                         reason: str | None, actionable: bool | None) -> None:
+    found, _ = stall.check(st, workers, rdzv, 2, 60, at(now))
+    assert (found.reason if found else None) == reason, name
+    if found is not None:
+        assert found.actionable is actionable
+        assert "progressDeadlineSeconds 60" in found.message
+
+
+def test_pending_stall_names_the_pod_and_the_schedulers_reason() -> None:
+    found, _ = stall.check(status(None), [worker(0), worker(1, phase="Pending", started_at=None,
+                                                            waiting="Unschedulable: 0/3 nodes are available")],
+                           [RDZV], 2, 60, at(100))
+    assert found is not None and "j-worker-1 (Unschedulable: 0/3 nodes are available)" in found.message
+
+
+def test_stall_check_asks_to_look_again_at_the_deadline() -> None:
+    found, due = stall.check(status(30), [worker(0)], [RDZV], 1, 60, at(40))
+    assert found is None and due == at(90)
+    assert stall.check(status(30), [worker(0)], [RDZV], 1, 0, at(4000)) == (None, None)
+
+
+JOB = parse_ddpjob(make_job().obj())
+
+
+def child(kind: str, name: str, owner: str | None, label: str = "", deleting: bool = False) -> ChildView:
+    return ChildView(kind=kind, name=name, uid=f"{kind}-{name}", owner_uid=owner, job_label=label, deleting=deleting)
+
+
+def obj(kind: str, name: str) -> dict[str, Any]:
+    return {"kind": kind, "metadata": {"name": name}}
+
+
+@pytest.mark.parametrize(
+    ("name", "observed", "problems", "created_before", "create", "conflicts", "missing"),
+    [
+        ("first pass creates everything", {}, {}, False, ["job"], 0, []),
+        ("ours: nothing to do", {("Service", "job"): child("Service", "job", JOB.uid)}, {}, True, [], 0, []),
+        ("deleted by hand: created again, with an Event", {}, {}, True, ["job"], 0, ["Service job"]),
+        ("foreign with our label: conflict, not adopted",
+         {("Service", "job"): child("Service", "job", "other-uid", "job")}, {}, True, [], 1, []),
+        ("foreign without our label, seen by a 409: conflict and a retry",
+         {}, {("Service", "job"): Problem("Service", "job", True, "ChildConflict", "Service job exists ...")},
+         True, ["job"], 1, []),
+        ("a foreign object on its way out: wait",
+         {("Service", "job"): child("Service", "job", "other-uid", "job", deleting=True)}, {}, True, [], 0, []),
+    ],
+)
+def test_children_policy(name: str, observed: dict[Any, ChildView], problems: dict[Any, Problem],
+                         created_before: bool, create: list[str], conflicts: int, missing: list[str]) -> None:
+    d = children.decide([obj("Service", "job")], observed, problems, job_uid=JOB.uid, job_name="job",
+                        retained_pvc=False, created_before=created_before)
+    assert [o["metadata"]["name"] for o in d.create] == create, name
+    assert len(d.conflicts) == conflicts, name
+    assert d.missing_again == missing, name
+
+
+def test_a_retained_checkpoint_pvc_of_the_same_job_name_is_ours() -> None:
+    pvc = child("PersistentVolumeClaim", "job-checkpoints", None, "job")
+    assert children.is_ours(pvc, JOB.uid, "job", retained_pvc=True)
+    assert not children.is_ours(pvc, JOB.uid, "job", retained_pvc=False)
+    assert not children.is_ours(child("PersistentVolumeClaim", "job-checkpoints", None, "other"), JOB.uid, "job",
+                                retained_pvc=True)
+
+
+def with_container(**fields: Any) -> dict[str, Any]:
+    job = make_job().obj()
+    job["spec"]["template"]["spec"]["containers"][0].update(fields)
+    return job
+
+
+@pytest.mark.parametrize(
+    ("job", "field", "words"),
+    [
+        (with_container(env=[{"name": "MASTER_ADDR", "value": "x"}]),
+         "spec.template.spec.containers[0].env[0].name", "MASTER_ADDR is set by the operator or torchrun"),
+        (with_container(env=[{"name": "A", "value": "1"}, {"name": "PET_NNODES", "value": "3"}]),
+         "spec.template.spec.containers[0].env[1].name", "PET_NNODES"),
+        (with_container(env=[{"name": "DDPJOB_CHECKPOINT_DIR", "value": "/x"}]),
+         "spec.template.spec.containers[0].env[0].name", "DDPJOB_CHECKPOINT_DIR"),
+        (with_container(env=[{"name": "TORCHELASTIC_ERROR_FILE", "value": "/x"}]),
+         "spec.template.spec.containers[0].env[0].name", "TORCHELASTIC_ERROR_FILE"),
+        (with_container(volumeMounts=[{"name": "data", "mountPath": "/checkpoints/"}]),
+         "spec.template.spec.containers[0].volumeMounts[0].mountPath", "mount this volume elsewhere"),
+        (make_job().with_spec(nprocPerNode="gpu").obj(), "spec.nprocPerNode", "requests no GPU"),
+        (make_job().with_checkpoint(mountPath="/").obj(), "spec.checkpoint.mountPath", "system or image directory"),
+        (make_job().with_checkpoint(mountPath="/opt/venv/ckpt").obj(), "spec.checkpoint.mountPath", "image"),
+    ],
+)
+def test_templates_that_could_only_fail_at_container_start_are_refused(job: dict[str, Any], field: str,
+                                                                        words: str) -> None:
+    with pytest.raises(InvalidSpec) as err:
+        parse_ddpjob(job)
+    assert err.value.field == field and words in err.value.message
+
+
+def test_template_volume_named_checkpoints_is_refused() -> None:
+    job = make_job().obj()
+    job["spec"]["template"]["spec"]["volumes"] = [{"name": "checkpoints", "emptyDir": {}}]
+    with pytest.raises(InvalidSpec) as err:
+        parse_ddpjob(job)
+    assert err.value.field == "spec.template.spec.volumes[0].name"
+
+
+@pytest.mark.parametrize("ok", [
+    with_container(env=[{"name": "DDPJOB_DNS_WAIT_SECONDS", "value": "30"}, {"name": "NCCL_DEBUG", "value": "INFO"}]),
+    with_container(resources={"limits": {"nvidia.com/gpu": 1}}),
+])
+def test_user_knobs_and_gpu_limits_are_accepted(ok: dict[str, Any]) -> None:
+    if ok["spec"]["template"]["spec"]["containers"][0].get("resources"):
+        ok["spec"]["nprocPerNode"] = "gpu"
+    parse_ddpjob(ok)
