@@ -3,7 +3,7 @@
     .venv/bin/python hack/demo.py [--dir .cluster] [--manifest manifests/examples/cpu-charlm.yaml] [--down]
 
 Reuses a live cluster in --dir (e.g. from `make cluster-up NODE=real`), else starts one. The live view shows the
-job's state, ready workers, epoch/step/loss, the last checkpoint and restarts (status.progress is written by the
+job's state, ready workers, epoch/step/loss, the last checkpoint and incidents (status.progress is written by the
 worker's rank 0), plus each pod's phase. The cluster stays up afterwards unless --down is given.
 """
 
@@ -41,6 +41,16 @@ def ensure_cluster(directory: Path) -> Cluster:
     return Cluster(up(directory, real_node=True).kubeconfig)
 
 
+def _incidents(status: dict[str, Any]) -> str:
+    """The incident count and the latest incident (cause, outcome, recovery time)."""
+    recent = status.get("incidents") or []
+    if not recent:
+        return str(status.get("incidentCount", 0))
+    last = recent[-1]
+    took = f" in {last['recoverySeconds']}s" if "recoverySeconds" in last else ""
+    return f"{status.get('incidentCount', 0)} (last: #{last.get('id')} {last.get('cause')}, {last.get('outcome')}{took})"
+
+
 def view(cluster: Cluster, ns: str, name: str, started: float) -> tuple[Group, str]:
     job = json.loads(cluster.kubectl("get", "ddpjob", name, "-n", ns, "-o", "json").stdout)
     status: dict[str, Any] = job.get("status") or {}
@@ -55,7 +65,7 @@ def view(cluster: Cluster, ns: str, name: str, started: float) -> tuple[Group, s
                          f"(global {progress.get('globalStep', '-')})"),
         ("loss", str(progress.get("loss", "-"))),
         ("last checkpoint", str((progress.get("lastCheckpoint") or {}).get("step", "-"))),
-        ("restarts", str(status.get("restarts", 0))),
+        ("incidents", _incidents(status)),
         ("elapsed", f"{time.monotonic() - started:.0f}s"),
     ]:
         head.add_row(f"[bold]{key}", value)
@@ -107,7 +117,7 @@ def main() -> int:
         if rc:
             status = t.job_status(cluster, args.namespace, name)
             console.print(f"conditions: {json.dumps(status.get('conditions'), indent=1)[-2000:]}")
-            console.print(f"last failure: {json.dumps(status.get('lastFailure'), indent=1)[-2000:]}")
+            console.print(f"incidents: {json.dumps(status.get('incidents'), indent=1)[-2000:]}")
     finally:
         if args.down:
             from tests.cluster.controlplane import down

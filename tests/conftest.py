@@ -103,8 +103,13 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
         lambda: cluster.kubectl("get", "sa", "default", "-n", name, check=False).returncode == 0,
         timeout=30, describe=f"default ServiceAccount in {name}",
     )
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    try:
+        yield name
+        from tests.readable import assert_readable
+
+        assert_readable(cluster.kubectl, name)  # every test's failure messages: causes, never dumps
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
 def wait_for(

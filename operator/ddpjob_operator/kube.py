@@ -61,8 +61,8 @@ LIST_PAGE = 500
 #: are also deleted. roles and rolebindings: the per-job Role grants patch on ddpjobs/status, which the
 #: operator must hold itself (RBAC escalation rule).
 PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
-    (GROUP, PLURAL): ("get", "list", "watch", "patch", "delete"),
-    (GROUP, f"{PLURAL}/status"): ("get", "patch"),
+    (GROUP, PLURAL): ("list", "watch", "delete"),
+    (GROUP, f"{PLURAL}/status"): ("patch",),
     ("", "pods"): ("get", "list", "watch", "create", "delete"),
     ("", "services"): ("get", "list", "watch", "create"),
     ("", "serviceaccounts"): ("get", "list", "watch", "create"),
@@ -71,13 +71,12 @@ PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("rbac.authorization.k8s.io", "rolebindings"): ("get", "list", "watch", "create"),
     ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch", "create"),
     ("", "events"): ("create",),
-    ("events.k8s.io", "events"): ("create",),
 }
 #: Cluster-scoped reads (a ClusterRole even when the operator watches only some namespaces).
 CLUSTER_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "nodes"): ("get",),
     ("", "namespaces"): ("list", "watch"),
-    ("apiextensions.k8s.io", "customresourcedefinitions"): ("get", "list", "watch"),
+    ("apiextensions.k8s.io", "customresourcedefinitions"): ("list", "watch"),
 }
 
 

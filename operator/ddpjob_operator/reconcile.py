@@ -165,16 +165,7 @@ def plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
 def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
     """The job is active: ensure children, count losses into incidents, replace pods, watch for stalls."""
     job, now, policy = ps.job, ps.now, ps.job.spec.run_policy
-    kids = children.decide(
-        builders.build_static_children(job), ps.obs.children, ps.obs.problems, job_uid=job.uid, job_name=job.name,
-        retained_pvc=job.spec.checkpoint.retain_on_delete and job.spec.checkpoint.volume_claim is not None,
-        created_before=st.condition_true(ps.old, st.CREATED),
-    )
-    result.ensure = kids.create
-    result.events += [st.Event("Warning", "ChildRecreated", f"{what} was missing; created it again")
-                      for what in kids.missing_again]
-    if kids.waiting:
-        result.requeue_at(now + timedelta(seconds=RETRY_SOON_SECONDS), now)
+    kids = _children(result, ps)
     losses = [] if finishing else _losses(ps)
     stalled, due = stall.check(ps.old, [p for p in ps.workers if p.active and (p.index or 0) < job.spec.replicas],
                                [p for p in ps.rdzv if not p.gone], job.spec.replicas,
@@ -214,6 +205,24 @@ def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
     _recovery(result, ps)
     _aux(ps, stalled, conflicts)
     return _with_status(result, ps.old, ps.status(_state(ps, decision)))
+
+
+def _children(result: Plan, ps: _Pass) -> children.ChildrenDecision:
+    """Every non-pod child exists and is the job's (suspended jobs too: they keep their PVC and Service)."""
+    job, now = ps.job, ps.now
+    kids = children.decide(
+        builders.build_static_children(job), ps.obs.children, ps.obs.problems, job_uid=job.uid, job_name=job.name,
+        retained_pvc=job.spec.checkpoint.retain_on_delete and job.spec.checkpoint.volume_claim is not None,
+        created_before=st.condition_true(ps.old, st.CREATED),
+    )
+    result.ensure = kids.create
+    result.events += [st.Event("Warning", "ChildRecreated", f"{what} was missing; created it again")
+                      for what in kids.missing_again]
+    if kids.waiting:
+        result.requeue_at(now + timedelta(seconds=RETRY_SOON_SECONDS), now)
+    if kids.conflicts:
+        result.requeue_at(now + timedelta(seconds=CONFLICT_RECHECK_SECONDS), now)
+    return kids
 
 
 def _losses(ps: _Pass) -> list[failure.Loss]:
@@ -306,6 +315,8 @@ def _state(ps: _Pass, decision: incidents.Decision) -> st.Outcome:
 def _suspended(result: Plan, ps: _Pass) -> Plan:
     """Suspended: no pods, but the PVC, the Service and the counts stay."""
     ps.start_time = suspend.start_time_after_resume(True, ps.start_time, format_time(ps.now))
+    kids = _children(result, ps)
+    _aux(ps, None, kids.conflicts)
     live = [p for p in ps.obs.pods if p.owner_uid == ps.job.uid and not p.gone]
     result.delete_pods = [DeletePod(p.name, p.uid, p.terminated, "Suspended")
                           for p in suspend.pods_to_delete_on_suspend(live)]

@@ -23,6 +23,7 @@ API_VERSION = f"{GROUP}/{VERSION}"
 #: a DNS label of at most 63 characters (the CRD enforces the same bound).
 MAX_NAME_LENGTH = 45
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 _NAMED_RE = re.compile(r"^([A-Za-z][\w.\[\]]*): (.+)$", re.S)
 
 #: The container in the pod template that runs torchrun; a template with one container may leave it unnamed.
@@ -63,7 +64,7 @@ class VolumeClaim(_Model):
     """A PVC the operator creates for checkpoints."""
 
     size: str = Field(default="10Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
-    storage_class_name: str | None = None
+    storage_class_name: str | None = Field(default=None, pattern=_DNS_SUBDOMAIN)
     access_modes: tuple[str, ...] = ("ReadWriteOnce",)
 
 
@@ -80,7 +81,7 @@ class Checkpoint(_Model):
                              "its own such as /checkpoints")
         return self
     volume_claim: VolumeClaim | None = None
-    existing_claim: str | None = None
+    existing_claim: str | None = Field(default=None, pattern=_DNS_SUBDOMAIN)
     retain_on_delete: bool = Field(default=True, description="Keep the created PVC after the DDPJob is deleted.")
     keep: int = Field(default=3, ge=1, description="How many valid checkpoints the library keeps.")
 

@@ -42,7 +42,6 @@ OWN_KEYS = (
     "incidentCount",
     "incidents",
     "countedFailures",
-    "lastFailure",
     "startTime",
     "completionTime",
     "selector",
@@ -83,7 +82,6 @@ class Counts:
     incident_count: int = 0
     incidents: tuple[Mapping[str, Any], ...] = ()
     counted_failures: tuple[str, ...] = ()
-    last_failure: Mapping[str, Any] | None = None
     start_time: str | None = None
     completion_time: str | None = None
     selector: str = ""
@@ -200,7 +198,6 @@ def compute_status(
         "incidentCount": counts.incident_count,
         "incidents": [dict(i) for i in counts.incidents] or None,
         "countedFailures": list(counts.counted_failures) or None,
-        "lastFailure": dict(counts.last_failure) if counts.last_failure else old.get("lastFailure"),
         "startTime": counts.start_time,
         "completionTime": counts.completion_time,
         "selector": counts.selector,

@@ -105,7 +105,7 @@ def _tail(path: Path, lines: int = 40) -> str:
 def _start(state: ClusterState, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
     logs = Path(state.dir) / "logs"
     logs.mkdir(exist_ok=True)
-    out = open(logs / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it for its lifetime
+    out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it; a restart appends to its log
     # A new session: the components outlive `make cluster-up`, and `down` signals the whole group.
     proc = subprocess.Popen(
         argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
@@ -336,6 +336,24 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def restart_apiserver(directory: Path) -> float:
+    """Kill kube-apiserver and start it again with the same command line (every watch of every client breaks, as
+    in an upgrade or a crash); returns the seconds it was unavailable. For tests of what watches miss."""
+    state = ClusterState.load(directory.resolve())
+    if state is None:
+        raise RuntimeError(f"no cluster state in {directory}")
+    pid = state.pids["kube-apiserver"]
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").decode().split("\0")
+    t0 = time.monotonic()
+    os.killpg(pid, signal.SIGKILL)  # a crash: a graceful stop drains for ~30 s, and crashes are what we test
+    while _alive(pid):
+        time.sleep(0.05)
+    api = _start(state, "kube-apiserver", argv)
+    url = f"https://{_server(state).split('://', 1)[1]}/readyz"
+    _wait("kube-apiserver", api, lambda: _https_ok(url, Path(state.dir) / "pki"), state, 90)
+    return time.monotonic() - t0
 
 
 def down(directory: Path, *, quiet: bool = False, state: ClusterState | None = None) -> None:

@@ -195,7 +195,7 @@ def wait_job_state(cluster: Cluster, ns: str, name: str, state: str, timeout: fl
     assert isinstance(status, dict)
     if status.get("state") != state:
         raise AssertionError(f"DDPJob {ns}/{name} is {status.get('state')}, not {state}: "
-                             f"lastFailure {json.dumps(status.get('lastFailure'))[-1500:]}\n"
+                             f"incidents {json.dumps(status.get('incidents'))[-1500:]}\n"
                              f"{describe_job(cluster, ns, name)}")
     return status
 

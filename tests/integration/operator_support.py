@@ -25,8 +25,9 @@ EXAMPLES = REPO / "manifests" / "examples"
 class OperatorProcess:
     """`ddpjob operator -n <namespace>` started as a real process, so tests can SIGKILL and restart it."""
 
-    def __init__(self, cluster: Cluster, namespace: str, log_dir: Path) -> None:
+    def __init__(self, cluster: Cluster, namespace: str, log_dir: Path, resync_seconds: float = 60) -> None:
         self.cluster = cluster
+        self.resync_seconds = resync_seconds
         self.namespace = namespace
         self.log_path = log_dir / f"operator-{namespace}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -42,7 +43,8 @@ class OperatorProcess:
         log.flush()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "ddpjob_operator.cli", "operator", "--namespace", self.namespace,
-             "--metrics-port", str(self.metrics_port), "--liveness-port", str(self.liveness_port)],
+             "--metrics-port", str(self.metrics_port), "--liveness-port", str(self.liveness_port),
+             "--resync-seconds", str(self.resync_seconds)],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
         log.close()
@@ -64,8 +66,18 @@ class OperatorProcess:
             os.killpg(self.proc.pid, sig)
             self.proc.wait(timeout=30)
 
+    def pause(self) -> None:
+        """SIGSTOP: the process keeps its connections but reads nothing (a hung or partitioned operator)."""
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.killpg(self.proc.pid, signal.SIGCONT)
+
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGCONT)  # a paused operator cannot handle SIGTERM
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=15)
@@ -135,6 +147,10 @@ class Jobs:
 
     def succeed(self, pod: str) -> None:
         self.annotate(pod, **{"ddpjob.test/succeed": "true"})
+
+    def conditions(self, name: str) -> dict[str, dict[str, Any]]:
+        """Every condition of the job by type (True or not)."""
+        return {c["type"]: c for c in self.get(name).get("status", {}).get("conditions", [])}
 
     def events(self, name: str) -> list[dict[str, Any]]:
         out = self.cluster.kubectl("get", "events", "-n", self.ns, "-o", "json").stdout

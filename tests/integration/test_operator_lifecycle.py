@@ -50,7 +50,7 @@ def test_cpu_example_creates_children_runs_and_succeeds(
     jobs.wait_condition("charlm", "Running")
     table = cluster.kubectl("get", "ddpjobs", "-n", namespace).stdout
     header = table.splitlines()[0].split()
-    for column in ("NAME", "STATE", "READY", "RESTARTS", "AGE"):
+    for column in ("NAME", "STATE", "READY", "INCIDENTS", "AGE"):
         assert column in header, f"missing printer column {column}: {table}"
     assert "Running" in table.splitlines()[1] and "2/2" in table.splitlines()[1], table
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from ddpjob_operator.kube import CLUSTER_PERMISSIONS, PERMISSIONS
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ddpjob-operator"
@@ -19,24 +20,11 @@ INSTALL = REPO / "manifests" / "install.yaml"
 Obj = dict[str, Any]
 Render = Callable[..., list[Obj]]
 
-# What the operator needs in a namespace it manages, as (apiGroup, resource) -> verbs. The chart must grant
-# exactly this: a new verb here is a deliberate, reviewed change to the operator's privileges.
-NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {
-    ("ddpjob.io", "ddpjobs"): {"get", "list", "watch", "patch", "update", "delete"},
-    ("ddpjob.io", "ddpjobs/status"): {"get", "patch", "update"},
-    ("ddpjob.io", "ddpjobs/scale"): {"get"},
-    ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-    ("", "services"): {"get", "list", "watch", "create", "delete"},
-    ("", "persistentvolumeclaims"): {"get", "list", "watch", "create", "delete"},
-    ("", "serviceaccounts"): {"get", "list", "watch", "create", "delete"},
-    ("rbac.authorization.k8s.io", "roles"): {"get", "list", "watch", "create", "delete"},
-    ("rbac.authorization.k8s.io", "rolebindings"): {"get", "list", "watch", "create", "delete"},
-    ("", "events"): {"create", "patch"},
-    ("events.k8s.io", "events"): {"create", "patch"},
-}
+# What the operator uses, as (apiGroup, resource) -> verbs: the table in kube.py next to the calls. The chart must
+# grant exactly this: a new verb is a deliberate, reviewed change to the operator's privileges.
+NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {k: set(v) for k, v in PERMISSIONS.items()}
 CLUSTER_READ_RULES: dict[tuple[str, str], set[str]] = {
-    ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
-    ("", "nodes"): {"get"},
+    k: set(v) for k, v in CLUSTER_PERMISSIONS.items() if k != ("", "namespaces")
 }
 
 
@@ -109,7 +97,7 @@ def test_deployment_runs_one_operator_with_probe_and_resources(render: Render) -
     c = container(objs)
     assert c["image"] == "ddpjob-operator:0.1.0"
     assert c["command"] == ["ddpjob"]
-    assert c["args"] == ["operator", "--metrics-port=8080", "--liveness-port=8081"]
+    assert c["args"] == ["operator", "--metrics-port=8080", "--liveness-port=8081", "--resync-seconds=60"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"metrics": 8080, "healthz": 8081}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}

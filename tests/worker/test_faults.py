@@ -88,3 +88,24 @@ def test_broken_contract_exits_78_naming_the_variable(job: LocalJob, variable: s
 def test_help_and_missing_command() -> None:
     proc = run_entrypoint(dict(os.environ), "--help")
     assert proc.returncode == 0 and "usage: ddp-worker" in proc.stdout and "78" in proc.stdout
+
+
+@pytest.mark.timeout(200)
+def test_sigterm_with_a_45s_save_and_a_90s_grace_period_commits_the_checkpoint(job: LocalJob) -> None:
+    """The operator gives the pod a 90 s grace period and the trainer a budget of 90 - 30 = 60 s. torchrun's agent
+    used to SIGKILL its workers 30 s after SIGTERM whatever the budget, so a 45 s save never finished."""
+    grace, budget, save = 90, 60, 45
+    agent = job.agent(0, ["python", str(SCRIPTS / "slow_save.py")], nnodes="1", max_restarts=0,
+                      DDPJOB_SIGTERM_BUDGET_SECONDS=str(budget), SAVE_SECONDS=str(save))
+    job.training_pid(agent)
+    wait_until(lambda: "TRAINING" in job.log(0).read_text(), 120, "training to start")
+    time.sleep(1)
+    sent = time.monotonic()
+    agent.send_signal(signal.SIGTERM)
+    code = wait_exit(agent, grace + 10, job)
+    elapsed = time.monotonic() - sent
+    logs = job.log(0).read_text()
+    assert code == 143, logs[-3000:]
+    assert save <= elapsed < grace, f"exited {elapsed:.1f}s after SIGTERM"
+    assert "preempted: checkpoint step-" in logs, logs[-3000:]
+    assert [p.name for p in job.ckpt_dir.glob("step-*") if (p / "COMPLETE.json").is_file()], "no committed save"

@@ -4,7 +4,10 @@ since the last checkpoint, and the result is bit-for-bit the uninterrupted one."
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,15 +34,27 @@ def assert_bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor])
     assert not different, f"parameters differ after resume: {different}"
 
 
-@pytest.mark.timeout(420)
-def test_kill9_worker_mid_epoch_resumes_bitwise_identical(job: LocalJob,
-                                                          tmp_path_factory: pytest.TempPathFactory) -> None:
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """The parameters of an uninterrupted run (computed once for every test of the module)."""
     reference_job = LocalJob(tmp_path_factory.mktemp("reference"))
     try:
-        reference = run_uninterrupted(reference_job, "final.pt")
+        return run_uninterrupted(reference_job, "final.pt")
     finally:
         reference_job.close()
 
+
+def pod_dir(job: LocalJob, index: int) -> Path:
+    """The checkpoint directory of worker pod ``index`` when pods have no shared volume (an emptyDir each)."""
+    return job.workdir / f"pod-{index}-checkpoints"
+
+
+def steps_in(directory: Path) -> list[int]:
+    return sorted(int(p.name[5:]) for p in directory.glob("step-*") if (p / "COMPLETE.json").is_file())
+
+
+@pytest.mark.timeout(420)
+def test_kill9_worker_mid_epoch_resumes_bitwise_identical(job: LocalJob, reference: dict[str, torch.Tensor]) -> None:
     # step-delay only slows the loop so the kill lands mid-epoch; it changes no number.
     agents = [job.agent(i, [*CHARLM, "--step-delay", "0.4", "--save-final", "final.pt"]) for i in range(2)]
     job.progress_at_least(3, 120)  # epoch 0, after checkpoint step-2, before step 6 (the epoch's end)
@@ -73,3 +88,42 @@ def test_lost_agent_is_replaced_and_training_finishes(job: LocalJob) -> None:
     logs = job.logs()
     assert "resumed from checkpoint step-" in logs
     assert (job.ckpt_dir / "step-12" / "COMPLETE.json").is_file()  # 2 epochs x 6 steps, nothing repeated
+
+
+@pytest.mark.timeout(420)
+def test_per_pod_volumes_kill9_worker_resumes_from_checkpoint_bitwise_identical(
+        job: LocalJob, reference: dict[str, torch.Tensor]) -> None:
+    """No shared volume (each agent its own directory, as an emptyDir per pod). Rank 0 used to write alone, so
+    after a kill -9 rank 1 found no checkpoint in its directory (FileNotFoundError) and the job failed."""
+    command = [*CHARLM, "--step-delay", "0.4", "--save-final", "final.pt"]
+    agents = [job.agent(i, command, DDPJOB_CHECKPOINT_DIR=str(pod_dir(job, i))) for i in range(2)]
+    job.progress_at_least(3, 120)  # after checkpoint step-2, before the epoch's end (step 6)
+    os.kill(job.training_pid(agents[1]), signal.SIGKILL)
+    for a in agents:
+        assert wait_exit(a, 240, job) == 0, job.logs()[-4000:]
+    resumed = [line for line in job.logs().splitlines() if "resumed from checkpoint step-" in line]
+    assert resumed and all("(local copy)" in line for line in resumed), resumed  # both pods had their copy
+    assert_bitwise_equal(reference, torch.load(job.workdir / "final.pt", weights_only=True))
+    assert steps_in(pod_dir(job, 0))[-1] == steps_in(pod_dir(job, 1))[-1] == 12  # every pod writes every save
+
+
+@pytest.mark.timeout(420)
+def test_per_pod_volumes_replaced_pod_receives_the_state_from_its_peer(
+        job: LocalJob, reference: dict[str, torch.Tensor]) -> None:
+    """A lost pod with an emptyDir comes back with an empty directory: it must resume from the checkpoint its
+    peer holds (not from step 0, which would diverge from the peer), and hold a copy again afterwards."""
+    command = [*CHARLM, "--step-delay", "0.4", "--save-final", "final.pt"]
+    agents = [job.agent(i, command, DDPJOB_CHECKPOINT_DIR=str(pod_dir(job, i))) for i in range(2)]
+    job.training_pid(agents[0])
+    lost_worker = job.training_pid(agents[1])
+    job.progress_at_least(3, 120)
+    os.kill(agents[1].pid, signal.SIGKILL)
+    os.kill(lost_worker, signal.SIGKILL)
+    shutil.rmtree(pod_dir(job, 1))  # the replacement pod gets a new, empty emptyDir
+    replacement = job.agent(1, command, DDPJOB_CHECKPOINT_DIR=str(pod_dir(job, 1)))
+    for a in (agents[0], replacement):
+        assert wait_exit(a, 240, job) == 0, job.logs()[-4000:]
+    received = re.findall(r"resumed from checkpoint step-(\d+) \(received from rank \d\)", job.logs())
+    assert received and int(received[0]) >= 2, job.logs()[-4000:]  # the peer's checkpoint, not step 0
+    assert_bitwise_equal(reference, torch.load(job.workdir / "final.pt", weights_only=True))
+    assert steps_in(pod_dir(job, 1))[-1] == 12

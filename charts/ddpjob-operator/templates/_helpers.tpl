@@ -79,38 +79,38 @@ The rules the operator needs in a namespace where it manages DDPJobs. One list, 
 (cluster-wide mode) and by each Role (watchNamespaces mode), so the two modes cannot drift apart.
 */}}
 {{- define "ddpjob-operator.namespacedRules" -}}
-# DDPJobs: watched, annotations patched by kopf, deleted when ttlSecondsAfterFinished has passed.
+# Exactly the verbs the operator uses (operator/ddpjob_operator/kube.py PERMISSIONS; tests/unit/test_chart.py
+# compares the two). DDPJobs: watched and re-listed (resync), deleted when ttlSecondsAfterFinished has passed.
 - apiGroups: ["ddpjob.io"]
   resources: ["ddpjobs"]
-  verbs: ["get", "list", "watch", "patch", "update", "delete"]
+  verbs: ["list", "watch", "delete"]
 # Status is written once per reconcile pass. Holding `patch` here is also what lets the operator create the
 # per-job worker Role granting `patch ddpjobs/status` (RBAC forbids granting what one does not hold).
 - apiGroups: ["ddpjob.io"]
   resources: ["ddpjobs/status"]
-  verbs: ["get", "patch", "update"]
-# The scale subresource is read for elastic jobs (`kubectl scale` writes spec.replicas through it).
-- apiGroups: ["ddpjob.io"]
-  resources: ["ddpjobs/scale"]
-  verbs: ["get"]
-# Worker and rendezvous pods: created, watched (kopf index), deleted on restart, labels patched.
+  verbs: ["patch"]
+# Worker and rendezvous pods: watched and re-listed, created, read back when a name is taken, deleted.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete", "patch"]
-# Per-job children: the headless Service, the checkpoint PVC and the worker ServiceAccount.
+  verbs: ["get", "list", "watch", "create", "delete"]
+# The other children (headless Service, checkpoint PVC, worker ServiceAccount): ensured on every pass, read back
+# when a create finds the name taken (to tell our object from a foreign one). Never deleted by the operator:
+# garbage collection removes them with the DDPJob.
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims", "serviceaccounts"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create"]
 # Per-job worker Role/RoleBinding (patch of its own DDPJob's status only).
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
-  verbs: ["get", "list", "watch", "create", "delete"]
-# Events about DDPJobs, through both event APIs (kopf posts core/v1 events).
+  verbs: ["get", "list", "watch", "create"]
+# Per-job NetworkPolicy: only the job's own pods reach its rendezvous port.
+- apiGroups: ["networking.k8s.io"]
+  resources: ["networkpolicies"]
+  verbs: ["get", "list", "watch", "create"]
+# Events about DDPJobs (kopf posts core/v1 events, one POST each).
 - apiGroups: [""]
   resources: ["events"]
-  verbs: ["create", "patch"]
-- apiGroups: ["events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch"]
+  verbs: ["create"]
 {{- if .Values.rbac.leases }}
 # Leader election leases (optional; the operator runs as a single replica).
 - apiGroups: ["coordination.k8s.io"]

@@ -1,11 +1,12 @@
-"""The env contract, ddp-worker's command line and environment, and launch's exit-code mapping."""
+"""The env contract, and ddp-worker's command line and environment."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
-from ddpjob_worker import contract, entrypoint, launch
+from ddpjob_worker import contract, entrypoint
 
 
 def make_env(**overrides: object) -> contract.WorkerEnv:
@@ -38,11 +39,15 @@ def test_contract_errors_name_the_variable(name: str, value: str, message: str) 
 def test_torchrun_argv_maps_the_container_args() -> None:
     env = make_env()
     launcher = [sys.executable, "-m", "ddpjob_worker.launch"]
-    assert entrypoint.torchrun_argv(["python", "-m", "pkg.train", "--x"], env) == [*launcher, "--module",
+    # Python code runs under the recorded runner, so its exceptions reach torchrun as error files.
+    recorded = [*launcher, "--module", "ddpjob_worker.recorded"]
+    assert entrypoint.torchrun_argv(["python", "-m", "pkg.train", "--x"], env) == [*recorded, "--module",
                                                                                    "pkg.train", "--x"]
-    assert entrypoint.torchrun_argv(["python3", "train.py", "1"], env) == [*launcher, "train.py", "1"]
-    assert entrypoint.torchrun_argv(["train.py"], env) == [*launcher, "train.py"]
+    assert entrypoint.torchrun_argv(["python3", "train.py", "1"], env) == [*recorded, "train.py", "1"]
+    assert entrypoint.torchrun_argv(["train.py"], env) == [*recorded, "train.py"]
     assert entrypoint.torchrun_argv(["./bin/train"], env) == [*launcher, "--no-python", "./bin/train"]
+    assert entrypoint.torchrun_argv(["python", "-u", "t.py"], env) == [*launcher, "--no-python", "python", "-u",
+                                                                       "t.py"]
     with pytest.raises(contract.ContractError, match="no training command"):
         entrypoint.torchrun_argv([], env)
 
@@ -89,21 +94,38 @@ def test_wait_for_dns_retries_then_gives_up_without_raising() -> None:
     assert entrypoint.wait_for_dns("j-rdzv", 0, never) is False
 
 
-@pytest.mark.parametrize(("worker", "container"), [(-9, 137), (-15, 143), (143, 143), (78, 78), (1, 1), (0, 1)])
-def test_launch_exit_code_is_the_root_cause(worker: int, container: int) -> None:
-    assert launch.exit_code_for_worker(worker) == container
+def test_dns_failure_names_the_service_to_check() -> None:
+    message = entrypoint.dns_failure_message("j-rdzv.j.ns.svc", 300)
+    assert "j-rdzv.j.ns.svc did not resolve within 300s" in message
+    assert "headless Service j exists in namespace ns" in message and "rendezvous pod j-rdzv" in message
 
 
-@pytest.mark.parametrize("error", ["RendezvousConnectionError", "RendezvousStateError"])
-def test_launch_lost_rendezvous_store_is_retryable(monkeypatch: pytest.MonkeyPatch, error: str) -> None:
-    """Deleting the rendezvous pod made torchrun exit 1 (RendezvousConnectionError out of the agent), which the
-    default policy reads as permanent: the e2e job Failed instead of recovering. It must exit >= 128."""
-    import torch.distributed.elastic.rendezvous.api as rdzv_api
-    import torch.distributed.run as torch_run
+def pod_environ(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **overrides: object) -> Path:
+    """Put a worker pod's environment into os.environ; returns its termination-log path."""
+    termination = tmp_path / "termination-log"
+    raw = make_env(checkpoint_dir=str(tmp_path), **overrides).to_env()
+    for name, value in {**raw, contract.DDPJOB_TERMINATION_LOG: str(termination),
+                        contract.DDPJOB_DNS_WAIT_SECONDS: "0"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(entrypoint.os, "execve", lambda *a: pytest.fail(f"torchrun was started: {a}"))
+    return termination
 
-    def lost(_args: object) -> None:
-        raise getattr(rdzv_api, error)("The connection to the C10d store has failed.")
 
-    monkeypatch.setattr(torch_run, "run", lost)
-    code = launch.main(["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "train.py"])
-    assert code == launch.EXIT_RENDEZVOUS_LOST and code >= 128
+def test_unresolvable_rendezvous_host_exits_202_naming_the_service(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """It used to start torchrun anyway, which failed much later with a message naming no Service."""
+    termination = pod_environ(monkeypatch, tmp_path)
+    monkeypatch.setattr(entrypoint, "wait_for_dns", lambda host, timeout: False)
+    with pytest.raises(SystemExit) as exited:
+        entrypoint.main(["python", "train.py"])
+    assert exited.value.code == contract.EXIT_DNS_UNRESOLVED == 202
+    assert termination.read_text() == entrypoint.dns_failure_message("j-rdzv.j.ns.svc", 0) + "\n"
+
+
+def test_broken_contract_writes_the_termination_message(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    termination = pod_environ(monkeypatch, tmp_path)
+    monkeypatch.delenv(contract.PET_RDZV_ENDPOINT)
+    with pytest.raises(SystemExit) as exited:
+        entrypoint.main(["python", "train.py"])
+    assert exited.value.code == contract.EXIT_BAD_CONTRACT
+    assert termination.read_text().startswith("broken environment contract: PET_RDZV_ENDPOINT is not set")

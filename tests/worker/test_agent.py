@@ -1,0 +1,62 @@
+"""The pod agent with real torchrun agents: a failed agent leaves the rendezvous open for its replacement, a
+survivor does not spend restarts on a peer's death, and the root cause reaches the exit code and the
+termination log."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.worker.helpers import TINY, LocalJob, wait_exit, wait_until
+
+pytestmark = pytest.mark.torchrun
+SCRIPTS = Path(__file__).parent / "scripts"
+OUTCOME = ["python", str(SCRIPTS / "outcome.py")]
+
+
+@pytest.mark.timeout(240)
+def test_failed_agent_leaves_the_rendezvous_open_for_its_replacement(job: LocalJob) -> None:
+    """torchrun's launch_agent closed the rendezvous after any failure, so every later agent of the run got
+    RendezvousClosedError: a replaced pod could never rejoin its job."""
+    log = job.workdir / "termination-0"
+    failed = job.agent(0, OUTCOME, nnodes="1", max_restarts=0, OUTCOME="sigkill",
+                       DDPJOB_TERMINATION_LOG=str(log))
+    assert wait_exit(failed, 120, job) == 137, job.logs()[-3000:]
+    assert log.read_text() == "killed by signal SIGKILL (rank 0, exit code 137)\n"
+    replacement = job.agent(0, OUTCOME, nnodes="1", max_restarts=0, OUTCOME="ok")
+    assert wait_exit(replacement, 150, job) == 0, job.logs()[-3000:]
+    assert "OUTCOME ok rank 0" in job.logs()
+
+
+@pytest.mark.timeout(120)
+def test_script_exception_is_the_termination_message(job: LocalJob) -> None:
+    """A plain script (no @record of its own) still reports its exception, through the recorded runner."""
+    log = job.workdir / "termination-0"
+    agent = job.agent(0, OUTCOME, nnodes="1", max_restarts=0, OUTCOME="raise", DDPJOB_TERMINATION_LOG=str(log))
+    assert wait_exit(agent, 100, job) == 1, job.logs()[-3000:]
+    assert log.read_text() == "ValueError: learning rate must be positive, got -0.1 (rank 0, exit code 1)\n"
+
+
+@pytest.mark.timeout(300)
+def test_survivor_restarts_for_a_lost_peer_without_using_its_restarts(job: LocalJob) -> None:
+    """Agent 0 may not restart at all (max_restarts=0) and pod 1 is lost (agent and trainer SIGKILLed). Agent 0's
+    trainer fails with gloo's "Connection reset/closed by peer": the peer's failure, so agent 0 restarts for free,
+    waits in the rendezvous for the replacement pod and the job finishes (before, agent 0 gave up: exit 1)."""
+    command = ["python", "-m", "ddpjob_worker.examples.charlm", *TINY, "--epochs", "1", "--steps-per-epoch", "30",
+               "--checkpoint-every", "5", "--step-delay", "0.05"]
+    agents = [job.agent(i, command, max_restarts=0) for i in range(2)]
+    job.training_pid(agents[0])
+    lost = job.training_pid(agents[1])
+    job.progress_at_least(6, 120)
+    os.kill(agents[1].pid, signal.SIGKILL)
+    os.kill(lost, signal.SIGKILL)
+    wait_until(lambda: "because a peer was lost" in job.log(0).read_text(), 60, "agent 0 to see the peer loss")
+    replacement = job.agent(1, command, max_restarts=0)
+    for a in (agents[0], replacement):
+        assert wait_exit(a, 200, job) == 0, job.logs()[-4000:]
+    survivor = job.log(0).read_text()
+    assert "restarting it without using one of the 0 restarts" in survivor
+    assert "resumed from checkpoint step-" in job.logs()
