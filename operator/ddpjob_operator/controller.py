@@ -216,6 +216,8 @@ class Controller:
 
     @staticmethod
     def _log(key: Key, plan: planner.Plan) -> None:
+        for line in plan.losses:
+            log.info("job=%s/%s %s", *key, line)
         if plan.create_pods or plan.delete_pods or plan.patch or plan.ensure:
             log.info(
                 "job=%s/%s state=%s created=%s deleted=%s ensured=%s status=%s",

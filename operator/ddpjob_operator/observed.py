@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ddpjob_operator import names
@@ -56,6 +56,8 @@ class PodView:
     node_name: str | None = None
     created_at: datetime | None = None
     deletion_timestamp: datetime | None = None
+    """When a graceful deletion's grace period ends (the API server sets it to the request time plus the grace)."""
+    deletion_grace_seconds: int = 0
     finished_at: datetime | None = None
     exit_code: int | None = None
     termination_message: str = ""
@@ -83,6 +85,13 @@ class PodView:
     def deleting(self) -> bool:
         """Has a deletionTimestamp (Terminating)."""
         return self.deletion_timestamp is not None
+
+    @property
+    def deletion_requested(self) -> datetime | None:
+        """When someone asked for the deletion (deletionTimestamp minus the grace period)."""
+        if self.deletion_timestamp is None:
+            return None
+        return self.deletion_timestamp - timedelta(seconds=self.deletion_grace_seconds)
 
     @property
     def active(self) -> bool:
@@ -129,6 +138,7 @@ class PodView:
             node_name=spec.get("nodeName"),
             created_at=parse_time(meta.get("creationTimestamp")),
             deletion_timestamp=parse_time(meta.get("deletionTimestamp")),
+            deletion_grace_seconds=int(meta.get("deletionGracePeriodSeconds") or 0),
             finished_at=parse_time(term.get("finishedAt")) if term else None,
             exit_code=int(term["exitCode"]) if term and term.get("exitCode") is not None else None,
             termination_message=truncate(str((term or {}).get("message") or status.get("message") or "")),

@@ -46,6 +46,8 @@ class Plan:
     replacements: list[Replacement] = dataclasses.field(default_factory=list)
     new_incidents: list[str] = dataclasses.field(default_factory=list)
     """Causes of the incidents opened this pass (for the metric)."""
+    losses: list[str] = dataclasses.field(default_factory=list)
+    """One log line per loss counted this pass."""
     delete_job: bool = False
     events: list[st.Event] = dataclasses.field(default_factory=list)
     requeue_after: float | None = None
@@ -183,6 +185,8 @@ def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
     ps.restarts += sum(1 for loss, _ in decision.new_losses if loss.index is not None)
     result.new_incidents = [i["cause"] for i in ps.recent if i["id"] in decision.opened]
     result.events += [_loss_event(loss, iid, ps) for loss, iid in decision.new_losses]
+    result.losses = [f"incident #{iid} ({loss.cause}): lost {loss.pod} uid={loss.uid} at {format_time(loss.at)}: "
+                     f"{loss.detail}" for loss, iid in decision.new_losses]
     if decision.permanent is not None:
         loss = decision.permanent
         return _fail(result, ps, "PermanentExitCode", f"{loss.pod} failed permanently: {loss.detail}")
@@ -286,9 +290,11 @@ def _recovery(result: Plan, ps: _Pass) -> None:
     if len(running) < spec.replicas or not any(p.running for p in ps.rdzv):
         return
     progress = ps.old.get("progress") or {}
-    reported, began = parse_time(progress.get("updateTime")), parse_time(last.get("startTime"))
-    if progress and (reported is None or began is None or reported < began):
-        return
+    reported = parse_time(progress.get("updateTime"))
+    starts = [parse_time(last.get("startTime")), *(p.started_at for p in running)]
+    since = max(t for t in starts if t is not None) if any(starts) else None
+    if progress and (reported is None or (since is not None and reported < since)):
+        return  # training has not reported a step since the last (re)start
     ps.recent, closed = incidents.mark_recovered(ps.recent, reported or ps.now)
     if closed is not None:
         step = f", training at global step {progress.get('globalStep')}" if progress else ""

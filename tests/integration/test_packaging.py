@@ -141,14 +141,16 @@ def test_rbac_cluster_wide_is_least_privilege(cluster: Cluster, release: str, ot
     elsewhere = ["-n", other_namespace]
     allowed = [
         ("list", "ddpjobs.ddpjob.io", anywhere), ("watch", "ddpjobs.ddpjob.io", anywhere),
-        ("patch", "ddpjobs.ddpjob.io", elsewhere), ("delete", "ddpjobs.ddpjob.io", elsewhere),
-        ("patch", "ddpjobs.ddpjob.io/status", elsewhere), ("get", "ddpjobs.ddpjob.io/scale", elsewhere),
-        ("create", "pods", elsewhere), ("delete", "pods", elsewhere), ("patch", "pods", elsewhere),
-        ("watch", "pods", anywhere), ("create", "services", elsewhere), ("delete", "services", elsewhere),
+        ("delete", "ddpjobs.ddpjob.io", elsewhere), ("patch", "ddpjobs.ddpjob.io/status", elsewhere),
+        ("create", "pods", elsewhere), ("delete", "pods", elsewhere), ("get", "pods", elsewhere),
+        ("watch", "pods", anywhere), ("list", "pods", anywhere),
+        ("create", "services", elsewhere), ("get", "services", elsewhere), ("watch", "services", anywhere),
         ("create", "persistentvolumeclaims", elsewhere), ("create", "serviceaccounts", elsewhere),
         ("create", "roles.rbac.authorization.k8s.io", elsewhere),
         ("create", "rolebindings.rbac.authorization.k8s.io", elsewhere),
-        ("create", "events", elsewhere), ("patch", "events.events.k8s.io", elsewhere),
+        ("create", "networkpolicies.networking.k8s.io", elsewhere),
+        ("list", "networkpolicies.networking.k8s.io", anywhere),
+        ("create", "events", elsewhere),
         ("list", "namespaces", []), ("watch", "customresourcedefinitions.apiextensions.k8s.io", []),
         ("get", "nodes", []),
     ]
@@ -168,6 +170,12 @@ def test_rbac_cluster_wide_is_least_privilege(cluster: Cluster, release: str, ot
         ("bind", "roles.rbac.authorization.k8s.io", elsewhere),
         ("impersonate", "serviceaccounts", elsewhere), ("create", "serviceaccounts/token", elsewhere),
         ("delete", "persistentvolumes", []), ("create", "persistentvolumes", []),
+        # Verbs the operator no longer uses (kube.PERMISSIONS): granted before, refused now.
+        ("patch", "ddpjobs.ddpjob.io", elsewhere), ("update", "ddpjobs.ddpjob.io", elsewhere),
+        ("get", "ddpjobs.ddpjob.io/scale", elsewhere), ("patch", "pods", elsewhere),
+        ("delete", "services", elsewhere), ("delete", "serviceaccounts", elsewhere),
+        ("delete", "roles.rbac.authorization.k8s.io", elsewhere), ("patch", "events", elsewhere),
+        ("create", "events.events.k8s.io", elsewhere), ("delete", "networkpolicies.networking.k8s.io", elsewhere),
     ]
     wrong = [f"allowed? {v} {r} {s}" for v, r, s in allowed if not can(cluster, sa, v, r, *s)]
     wrong += [f"denied? {v} {r} {s}" for v, r, s in denied if can(cluster, sa, v, r, *s)]

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from ddpjob_worker import contract
 from ddpjob_worker.checkpoint import CheckpointConfig, Checkpointer, TrainState
 from ddpjob_worker.storage import PAYLOAD, LocalStorage
+from torch.multiprocessing.spawn import spawn
 
 pytestmark = pytest.mark.torchrun  # starts real distributed processes (gloo), like the torchrun tests
 
 
-def _checkpointer(root: Path, rank: int) -> tuple[Checkpointer, torch.nn.Module]:
+def _checkpointer(root: Path, rank: int) -> tuple[Checkpointer, torch.nn.Linear]:
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 3)
     ckpt = Checkpointer(CheckpointConfig(directory=str(root / f"pod-{rank}"), handle_sigterm=False, keep=2),
@@ -62,7 +62,7 @@ def _phases(rank: int, root: Path) -> None:
 
 @pytest.mark.timeout(180)
 def test_each_volume_gets_a_copy_and_a_missing_newest_copy_comes_from_the_peer(tmp_path: Path) -> None:
-    mp.spawn(_phases, args=(tmp_path,), nprocs=2, join=True)
+    spawn(_phases, args=(tmp_path,), nprocs=2, join=True)  # type: ignore[no-untyped-call]
     results = [json.loads((tmp_path / f"result-{r}.json").read_text()) for r in range(2)]
     assert [r["writer"] for r in results] == [True, True]  # different volumes: each pod's rank writes
     for r in results:

@@ -7,12 +7,14 @@ import os
 import re
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import pytest
 import torch
+from ddpjob_worker import procs
 
-from tests.worker.helpers import TINY, LocalJob, wait_exit
+from tests.worker.helpers import TINY, LocalJob, wait_exit, wait_until
 
 pytestmark = pytest.mark.torchrun
 
@@ -127,3 +129,25 @@ def test_per_pod_volumes_replaced_pod_receives_the_state_from_its_peer(
     assert received and int(received[0]) >= 2, job.logs()[-4000:]  # the peer's checkpoint, not step 0
     assert_bitwise_equal(reference, torch.load(job.workdir / "final.pt", weights_only=True))
     assert steps_in(pod_dir(job, 1))[-1] == 12
+
+
+@pytest.mark.timeout(420)
+def test_hang_flag_hangs_every_rank_once_without_changing_the_math(
+        job: LocalJob, reference: dict[str, torch.Tensor]) -> None:
+    """charlm --hang-at-step (for hang-detection tests): both ranks stop at step 5 with no collective pending;
+    after their trainers are killed the restarted run goes past step 5 and ends bit for bit as the reference."""
+    marker = job.workdir / "hang-marker"
+    command = [*CHARLM, "--hang-at-step", "5", "--hang-marker", str(marker), "--save-final", "final.pt"]
+    agents = [job.agent(i, command) for i in range(2)]
+    hung = "hanging at step 5 on purpose"
+    wait_until(lambda: all(hung in job.log(i).read_text() for i in range(2)), 180, "both ranks to hang")
+    assert marker.exists()
+    trainers = [job.training_pid(a) for a in agents]
+    time.sleep(3)
+    assert "step 6/6" not in job.logs() and all(procs.alive(pid) for pid in trainers)  # still hanging
+    for pid in trainers:
+        os.kill(pid, signal.SIGKILL)
+    for a in agents:
+        assert wait_exit(a, 240, job) == 0, job.logs()[-4000:]
+    assert "resumed from checkpoint step-4" in job.logs()
+    assert_bitwise_equal(reference, torch.load(job.workdir / "final.pt", weights_only=True))

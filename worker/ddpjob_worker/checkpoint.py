@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ddpjob_worker import contract
+from ddpjob_worker import contract, replicas
 from ddpjob_worker.logs import get_logger
 from ddpjob_worker.storage import CorruptCheckpoint, LocalStorage, Storage
 
@@ -51,14 +51,14 @@ class CheckpointConfig:
     """How and where checkpoints are written."""
 
     directory: str
-    """Folder of ``step-N`` checkpoints; shared by all ranks (the job's checkpoint volume)."""
+    """Folder of ``step-N`` checkpoints: the job's checkpoint volume, shared by all ranks or one per pod."""
     keep: int = contract.DEFAULT_CHECKPOINT_KEEP
     """How many valid checkpoints to keep; older ones are deleted after each save, so a corrupt newest one
     still leaves ``keep - 1`` to fall back to."""
     every_steps: int = 0
     """``after_step`` saves when ``global_step`` is a multiple of this; 0 saves only when asked or preempted."""
     async_save: bool = False
-    """Rank 0 copies the state to host memory and writes it in a thread, so training does not wait for the
+    """Writers copy the state to host memory and write it in a thread, so training does not wait for the
     disk; the next save (or ``close``) waits for it."""
     sigterm_budget_seconds: float = float(contract.DEFAULT_SIGTERM_BUDGET_SECONDS)
     """After SIGTERM: seconds to finish the step and write the last checkpoint before exiting anyway."""
@@ -169,6 +169,12 @@ class Checkpointer:
         param = next(iter(model.parameters()), None)
         #: Every rank maps tensors onto its own device (cuda:LOCAL_RANK or cpu), never onto rank 0's.
         self.device = param.device if param is not None else torch.device("cpu")
+        #: Which rank writes each volume's copy (collective: every rank constructs its Checkpointer together).
+        self.layout = replicas.discover(self.storage.volume_id())
+        #: Whether this rank writes checkpoints (the lowest rank on its volume) and verifies them at resume.
+        self.is_writer = self.layout.writer(self.rank) == self.rank
+        if self.rank == 0:
+            log.log(*self.layout.describe())
         self._writer: threading.Thread | None = None
         self._writer_error: BaseException | None = None
         self._sigterm_at: float | None = None
@@ -238,8 +244,8 @@ class Checkpointer:
         }
 
     def save(self, state: TrainState, *, blocking: bool | None = None) -> None:
-        """Checkpoint ``state`` as ``step-<global_step>``; collective. Rank 0 writes; when this returns (sync
-        mode) the checkpoint is committed and every rank has passed the barrier after it."""
+        """Checkpoint ``state`` as ``step-<global_step>``; collective. One rank per volume writes (rank 0 alone on a
+        shared volume); when this returns (sync mode) every copy is committed and every rank passed the barrier."""
         self.wait()
         rng = capture_rng()
         rngs: list[Any] = [None] * self.world_size
@@ -248,7 +254,9 @@ class Checkpointer:
         else:
             rngs = [rng]
         is_async = self.config.async_save if blocking is None else not blocking
-        if self.rank == 0:
+        # DDP keeps parameters and optimizer state identical on every rank and the RNG states were just gathered,
+        # so every writer's payload is the same checkpoint.
+        if self.is_writer:
             payload = self._state_dict(state, rngs)
             if is_async:
                 payload = _host_copy(payload)
@@ -301,24 +309,46 @@ class Checkpointer:
         return None
 
     def resume(self) -> TrainState:
-        """Restore the latest valid checkpoint into the model and friends; a fresh TrainState if none."""
-        step, data = None, None
-        if self.rank == 0:
-            found = self.load_latest_valid()
-            step, data = found if found is not None else (None, None)
+        """Restore the newest valid checkpoint any volume holds into the model and friends (a fresh TrainState
+        if none); ranks whose volume lacks it receive it from a peer, and their writer stores a copy."""
+        local = self.load_latest_valid() if self.is_writer else None
+        if self.is_writer:
             # No save can be running now (torchrun stops a group before starting the next), so temporary
             # folders are the remains of a crashed save.
-            self.storage.purge(self.config.keep, protect=step)
-        if self._distributed:
-            # Rank 0 alone verifies and chooses; everyone loads the same step (no rank can race ahead).
-            choice: list[Any] = [step]
-            dist.broadcast_object_list(choice, src=0)
-            step = choice[0]
-        if step is None:
+            self.storage.purge(self.config.keep, protect=local[0] if local is not None else None)
+        # Everyone loads the same step (no rank can race ahead): the newest that any volume still holds.
+        plan = replicas.agree(local[0] if local is not None else None, self.layout)
+        if plan.step is None:
             log.info("no valid checkpoint in %s; starting from scratch", self.config.directory)
             return TrainState()
-        if data is None:
-            data = self.storage.read(step, self.device, verify=False)
+        data, origin = self._obtain(plan, local)
+        self._restore(plan.step, data)
+        state = TrainState(**data["train"])
+        log.info("resumed from checkpoint step-%d (%s): epoch %d, step %d of the epoch", plan.step, origin,
+                 state.epoch, state.step_in_epoch)
+        if self._distributed:
+            dist.barrier()
+        return state
+
+    def _obtain(self, plan: replicas.ResumePlan, local: tuple[int, dict[str, Any]] | None
+                ) -> tuple[dict[str, Any], str]:
+        """The state of ``plan.step`` for this rank, and where it came from (for the log)."""
+        assert plan.step is not None
+        data: dict[str, Any] | None = None
+        if self.rank in plan.holders:
+            data = local[1] if local is not None else self.storage.read(plan.step, self.device, verify=False)
+        if plan.receivers:
+            received = replicas.transfer(plan, data)
+            if self.rank in plan.receivers:
+                assert received is not None
+                if self.is_writer:  # the replaced pod holds a copy again, and serves it the next time
+                    self.storage.write(plan.step, received, {"world_size": received["world_size"]})
+                    self.storage.purge(self.config.keep, protect=plan.step)
+                return received, f"received from rank {plan.source}"
+        assert data is not None
+        return data, "local copy"
+
+    def _restore(self, step: int, data: dict[str, Any]) -> None:
         _unwrap(self._model).load_state_dict(data["model"])
         if self._optimizer is not None and data["optimizer"] is not None:
             self._optimizer.load_state_dict(data["optimizer"])
@@ -331,12 +361,6 @@ class Checkpointer:
             log.warning("checkpoint step-%d was written by %d ranks, now %d: rank %d takes RNG state %d", step,
                         len(rngs), self.world_size, self.rank, self.rank % len(rngs))
         restore_rng(rngs[self.rank % len(rngs)])
-        state = TrainState(**data["train"])
-        log.info("resumed from checkpoint step-%d: epoch %d, step %d of the epoch", step, state.epoch,
-                 state.step_in_epoch)
-        if self._distributed:
-            dist.barrier()
-        return state
 
     def close(self) -> None:
         """Wait for a pending save and give SIGTERM back to its previous handler."""

@@ -9,8 +9,9 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import NoReturn
 
-from ddpjob_worker import contract
+from ddpjob_worker import contract, termlog
 from ddpjob_worker.logs import get_logger
 
 log = get_logger("entrypoint")
@@ -26,9 +27,13 @@ Runs COMMAND under torchrun with the settings the ddpjob operator puts into the 
 It validates the environment (exit {contract.EXIT_BAD_CONTRACT} with a message naming the variable on a broken
 contract), sets OMP_NUM_THREADS and TORCHELASTIC_ERROR_FILE when unset, waits up to
 {contract.DDPJOB_DNS_WAIT_SECONDS} (default {contract.DEFAULT_DNS_WAIT_SECONDS}s) for the rendezvous host to
-resolve, and then replaces itself (exec) with torchrun, so SIGTERM from the kubelet reaches torchrun directly.
-Exit codes: the failed worker's own code (143 after a SIGTERM checkpoint, 128+N for signal N), 78 on a broken
-contract.
+resolve (exit {contract.EXIT_DNS_UNRESOLVED} if it never does), and then replaces itself (exec) with torchrun, so
+SIGTERM from the kubelet reaches torchrun directly. Python scripts run under ddpjob_worker.recorded, so their
+failures leave a torchelastic error file.
+Exit codes: the failed worker's own code (143 after a SIGTERM checkpoint, 128+N for signal N),
+{contract.EXIT_RENDEZVOUS_LOST} rendezvous lost, {contract.EXIT_PEER_LOST} a peer was lost,
+{contract.EXIT_DNS_UNRESOLVED} rendezvous host not in DNS, {contract.EXIT_BAD_CONTRACT} broken contract. The root
+cause goes to {contract.DDPJOB_TERMINATION_LOG} (default {contract.DEFAULT_TERMINATION_LOG}).
 
 options:
   --dry-run   print the torchrun command line instead of executing it
@@ -54,19 +59,22 @@ def parse_args(argv: Sequence[str]) -> tuple[bool, list[str]]:
 
 def torchrun_argv(command: Sequence[str], env: contract.WorkerEnv) -> list[str]:
     """The launcher command line. torchrun reads every PET_* option from the environment, so only the script
-    part is built here; ``python -m x`` becomes torchrun's ``--module``, other programs use ``--no-python``."""
+    part is built here. Python scripts and ``python -m`` modules run under ``ddpjob_worker.recorded`` (their
+    failures then leave a torchelastic error file, the root cause the agent reports); other programs use
+    ``--no-python``."""
     if not command:
         raise contract.ContractError(
             "no training command: give the container args, e.g. args: [python, train.py] (or ddp-worker -- CMD)"
         )
     launcher = [sys.executable, "-m", "ddpjob_worker.launch"]
+    recorded = [*launcher, "--module", "ddpjob_worker.recorded"]
     first = os.path.basename(command[0])
     if first.startswith("python") and len(command) >= 3 and command[1] == "-m":
-        return [*launcher, "--module", command[2], *command[3:]]
-    if first.startswith("python") and len(command) >= 2:
-        return [*launcher, *command[1:]]
+        return [*recorded, "--module", command[2], *command[3:]]
+    if first.startswith("python") and len(command) >= 2 and not command[1].startswith("-"):
+        return [*recorded, *command[1:]]
     if command[0].endswith(".py"):
-        return [*launcher, *command]
+        return [*recorded, *command]
     return [*launcher, "--no-python", *command]
 
 
@@ -83,12 +91,21 @@ def wait_for_dns(host: str, timeout: float, resolve: Callable[[str], object] = s
         except OSError as err:
             attempt += 1
             if time.monotonic() >= deadline:
-                log.warning("rendezvous host %s still does not resolve after %.0fs (%s); starting torchrun anyway, "
-                            "it retries until its join timeout", host, timeout, err)
+                log.error("rendezvous host %s still does not resolve after %.0fs (%s)", host, timeout, err)
                 return False
             if attempt == 1 or attempt % 10 == 0:
                 log.info("waiting for rendezvous host %s to resolve (%s)", host, err)
             time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+
+
+def dns_failure_message(host: str, timeout: float) -> str:
+    """The termination message when the rendezvous host never resolved: which Service to check."""
+    labels = host.split(".")
+    where = f"rendezvous host {host} did not resolve within {timeout:.0f}s ({contract.DDPJOB_DNS_WAIT_SECONDS})"
+    if len(labels) >= 3:
+        return (f"{where}: check that the headless Service {labels[1]} exists in namespace {labels[2]} and that "
+                f"the rendezvous pod {labels[0]} is running")
+    return f"{where}: check {contract.PET_RDZV_ENDPOINT} and the cluster DNS"
 
 
 def available_cpus(cgroup_cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
@@ -138,6 +155,13 @@ def prepare_environ(environ: Mapping[str, str], env: contract.WorkerEnv) -> dict
     return out
 
 
+def _fail(message: str, code: int) -> NoReturn:
+    """Exit ``code`` with ``message`` on stderr and as the container's termination message."""
+    print(f"ddp-worker: {message} (exit {code})", file=sys.stderr)
+    termlog.write_termination_log(message)
+    raise SystemExit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Console script ``ddp-worker``."""
     dry_run, command = parse_args(sys.argv[1:] if argv is None else argv)
@@ -146,8 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args = torchrun_argv(command, env)
         dns_wait = float(os.environ.get(contract.DDPJOB_DNS_WAIT_SECONDS, contract.DEFAULT_DNS_WAIT_SECONDS))
     except (contract.ContractError, ValueError) as err:
-        print(f"ddp-worker: broken environment contract: {err} (exit {contract.EXIT_BAD_CONTRACT})", file=sys.stderr)
-        raise SystemExit(contract.EXIT_BAD_CONTRACT) from None
+        _fail(f"broken environment contract: {err}", contract.EXIT_BAD_CONTRACT)
     environ = prepare_environ(os.environ, env)
     if dry_run:
         print(" ".join(args))
@@ -157,7 +180,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         os.makedirs(os.path.dirname(error_file), exist_ok=True)
     except OSError as err:  # a read-only or missing volume must not stop training; torchrun just skips the file
         log.warning("cannot create %s: %s", os.path.dirname(error_file), err)
-    wait_for_dns(env.rdzv_endpoint.rsplit(":", 1)[0], dns_wait)
+    host = env.rdzv_endpoint.rsplit(":", 1)[0]
+    if not wait_for_dns(host, dns_wait):
+        # torchrun would only retry until its join timeout and then fail with a message that names no Service;
+        # a retryable exit lets the operator replace the pod while the Service's records appear.
+        _fail(dns_failure_message(host, dns_wait), contract.EXIT_DNS_UNRESOLVED)
     log.info("exec %s (nnodes=%s rdzv=%s id=%s)", " ".join(args), env.nnodes, env.rdzv_endpoint, env.job_uid)
     sys.stderr.flush()
     # exec, not subprocess: torchrun becomes this process (PID 1 in the container), so the kubelet's SIGTERM

@@ -1,33 +1,35 @@
 """torchrun with exit codes a restart policy can use: ``python -m ddpjob_worker.launch`` takes torchrun's
 arguments and runs ``torch.distributed.run`` in this very process (``ddp-worker`` execs it, so it is PID 1).
 
-Plain torchrun exits 1 for every failure (a traceback from ChildFailedError or SignalException), which the
-operator's default policy (1..127 permanent, >=128 retryable) would read as a permanent error even when the
-pod was merely SIGTERMed or a worker was OOM-killed. Here the container exits with the root cause instead:
-128+N when the agent got signal N, the first failed worker's own exit code otherwise (128+N for a worker
-killed by signal N, 143 for a worker that checkpointed after SIGTERM, 78 for a broken contract), and
-EXIT_RENDEZVOUS_LOST when the agent lost its rendezvous store (the store pod was deleted or restarted): torchrun
-would exit 1, which the default policy reads as permanent, while a replaced pod joins the new store and resumes.
+Plain torchrun exits 1 for every failure, which the operator's default policy (1..127 permanent, >=128
+retryable) would read as a permanent error even when the pod was merely SIGTERMed or a peer died. Here the
+container exits with the root cause, and writes it as one line to the termination log:
+
+- the first failed worker's own exit code (128+N for a worker killed by signal N, 143 for a worker that
+  checkpointed after SIGTERM, 78 for a broken contract, 1 for an exception in the script);
+- EXIT_PEER_LOST when every failed worker failed because it lost a peer (the cause is another pod);
+- EXIT_RENDEZVOUS_LOST for any rendezvous failure (store lost, timed out, closed): a replaced pod rejoins;
+- 128+N when the agent itself got signal N.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddpjob_worker import contract
+from ddpjob_worker import causes, contract, termlog
 from ddpjob_worker.logs import get_logger
 
 log = get_logger("launch")
 
-#: Container exit code when the agent cannot reach the rendezvous store; retryable under the default policy
-#: (>= 128) so the operator replaces the pod instead of failing the job.
-EXIT_RENDEZVOUS_LOST = 200
-
+#: Kept for callers of the old name; the contract defines the code.
+EXIT_RENDEZVOUS_LOST = contract.EXIT_RENDEZVOUS_LOST
 #: Seconds the agent gives its workers between SIGTERM and SIGKILL on top of the checkpoint budget.
-_SHUTDOWN_MARGIN_SECONDS = 5
+SHUTDOWN_MARGIN_SECONDS = 5
 
 
 def exit_code_for_worker(exitcode: int) -> int:
@@ -37,49 +39,88 @@ def exit_code_for_worker(exitcode: int) -> int:
     return exitcode if 0 < exitcode < 256 else 1
 
 
-def _give_workers_the_budget(seconds: int) -> None:
-    """torchrun's agent SIGKILLs its workers 30 s after forwarding SIGTERM, whatever the checkpoint budget; let
-    it wait for the budget instead (the pod's grace period must still cover it, the operator sets that)."""
+def shutdown_timeout(explicit: int | None, environ: Mapping[str, str]) -> int:
+    """Seconds between SIGTERM and SIGKILL for the workers: the checkpoint budget plus a margin, or more if the
+    user asked for more (``--shutdown-timeout`` / TORCH_ELASTIC_SHUTDOWN_TIMEOUT)."""
+    raw = environ.get(contract.DDPJOB_SIGTERM_BUDGET_SECONDS, "")
+    budget = int(raw) if raw.isdigit() else contract.DEFAULT_SIGTERM_BUDGET_SECONDS
+    if explicit is None:
+        env_value = environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "")
+        explicit = int(env_value) if env_value.isdigit() else None
+    return max(budget + SHUTDOWN_MARGIN_SECONDS, explicit or 0)
+
+
+def _signal_name(exitcode: int) -> str:
     try:
-        import torch.distributed.launcher.api as launcher_api
-        from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    except ImportError:  # pragma: no cover - torch layout changed; the 30 s default stays
-        return
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
 
-    class _Agent(LocalElasticAgent):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            kwargs.setdefault("shutdown_timeout", seconds)
-            super().__init__(*args, **kwargs)
 
-    if getattr(launcher_api, "LocalElasticAgent", None) is LocalElasticAgent:
-        setattr(launcher_api, "LocalElasticAgent", _Agent)  # noqa: B010 - the module does not export the name
+def describe_failure(rank: int, failure: Any) -> str:
+    """``<ExcType>: <message> (rank R, exit code C)`` for a failed worker (a ProcessFailure)."""
+    from ddpjob_worker.agent import failure_text, has_error_file
+
+    code = exit_code_for_worker(failure.exitcode)
+    if failure.exitcode < 0:
+        cause = f"killed by signal {_signal_name(failure.exitcode)}"
+    elif has_error_file(failure):
+        cause = causes.condense(failure_text(failure), 400)
+    else:
+        cause = f"exited with code {failure.exitcode} without an error file"
+    return f"{cause} (rank {rank}, exit code {code})"
+
+
+def child_failed(err: Any) -> int:
+    """Container exit code for a ChildFailedError; logs it and writes the termination message."""
+    from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+    from ddpjob_worker.agent import has_error_file, peer_loss
+
+    rank, failure = err.get_first_failure()
+    line = describe_failure(rank, failure)
+    code = contract.EXIT_PEER_LOST if peer_loss(err.failures) else exit_code_for_worker(failure.exitcode)
+    log.error("training failed: %s; container exits %d%s", line, code,
+              " (a peer was lost, not this pod's fault)" if code == contract.EXIT_PEER_LOST else "")
+    termlog.write_termination_log(line)
+    if has_error_file(failure):
+        # What torchrun's @record main does: the agent's TORCHELASTIC_ERROR_FILE gets the root cause's file.
+        with contextlib.suppress(Exception):
+            get_error_handler().dump_error_file(failure.error_file, failure.exitcode)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run torchrun with ``argv``; return the container exit code."""
+    from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousStateError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
 
-    budget = os.environ.get(contract.DDPJOB_SIGTERM_BUDGET_SECONDS, str(contract.DEFAULT_SIGTERM_BUDGET_SECONDS))
-    _give_workers_the_budget(int(budget) + _SHUTDOWN_MARGIN_SECONDS if budget.isdigit() else 30)
+    from ddpjob_worker import agent
+
+    agent.install()
     args = parse_args(list(sys.argv[1:] if argv is None else argv))  # type: ignore[no-untyped-call]
+    # launch_agent passes LaunchConfig.shutdown_timeout (from this option) to the agent, which SIGKILLs the
+    # workers that long after forwarding SIGTERM: it must cover the final checkpoint.
+    args.shutdown_timeout = shutdown_timeout(getattr(args, "shutdown_timeout", None), os.environ)
     try:
         run(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as err:
-        rank, failure = err.get_first_failure()
-        code = exit_code_for_worker(failure.exitcode)
-        log.error("training failed: rank %s exited %s (root cause; container exits %d); see %s",
-                  rank, failure.exitcode, code, failure.error_file or "the worker's log")
-        return code
-    except (RendezvousConnectionError, RendezvousStateError) as err:
-        log.error("lost the rendezvous store (%s: %s); exiting %d so the pod is replaced and rejoins",
-                  type(err).__name__, err, EXIT_RENDEZVOUS_LOST)
-        return EXIT_RENDEZVOUS_LOST
+        return child_failed(err)
+    except (RendezvousError, DistNetworkError, DistStoreError) as err:
+        # The agent's only network peer is the rendezvous store: whatever went wrong there, a replacement pod
+        # can join the (recreated) store, so the exit must be retryable.
+        line = f"{causes.condense(f'{type(err).__name__}: {err}', 400)} (rendezvous lost, exit code " \
+               f"{contract.EXIT_RENDEZVOUS_LOST})"
+        log.error("lost the rendezvous: %s; exiting so the pod is replaced and rejoins", line)
+        termlog.write_termination_log(line)
+        return contract.EXIT_RENDEZVOUS_LOST
     except SignalException as err:
         code = 128 + int(err.sigval)
         log.warning("agent got %s; workers were stopped, exiting %d", err.sigval.name, code)
+        termlog.write_termination_log(f"agent received {err.sigval.name}; workers stopped (exit code {code})")
         return code
     return 0
 

@@ -26,6 +26,8 @@ import torch
 MARKER = "COMPLETE.json"
 #: The serialized training state inside a step folder.
 PAYLOAD = "state.pt"
+#: Names the volume a checkpoint directory lives on: ranks that read the same id share their checkpoints.
+VOLUME_ID = ".volume-id"
 _STEP_PREFIX = "step-"
 _CHUNK = 8 << 20
 
@@ -62,6 +64,11 @@ class Storage(Protocol):
 
     def purge(self, keep: int, protect: int | None = None) -> list[int]:
         """Delete all but the newest ``keep`` checkpoints (never ``protect``) and leftovers of crashed saves."""
+        ...
+
+    def volume_id(self) -> str:
+        """The same string for every process that sees this storage (a shared volume), another one for a
+        storage of its own (a pod's emptyDir); created on first use."""
         ...
 
 
@@ -276,9 +283,26 @@ class LocalStorage:
             shutil.rmtree(leftover, ignore_errors=True)
         return removed
 
+    def volume_id(self) -> str:
+        path = self.root / VOLUME_ID
+        with contextlib.suppress(FileNotFoundError):
+            if existing := path.read_text().strip():
+                return existing
+        self.root.mkdir(parents=True, exist_ok=True)
+        # Several processes may start at once on a shared volume: each writes a candidate and links it into place,
+        # which succeeds for exactly one of them (link is atomic on NFS too, unlike O_EXCL on old servers).
+        candidate = self.root / f"{VOLUME_ID}-{uuid.uuid4().hex}"
+        candidate.write_text(uuid.uuid4().hex + "\n")
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.link(candidate, path)
+        finally:
+            candidate.unlink(missing_ok=True)
+        return path.read_text().strip()
+
     def _leftovers(self) -> Iterator[Path]:
-        # Only rank 0 writes and only one save runs at a time, so at purge time every temporary folder is the
-        # remains of a save that crashed.
+        # Only one rank writes to a volume and only one save runs at a time, so at purge time every temporary
+        # folder is the remains of a save that crashed.
         if self.root.is_dir():
             for entry in self.root.iterdir():
                 if entry.name.startswith((".tmp-", ".old-")):

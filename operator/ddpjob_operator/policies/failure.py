@@ -71,6 +71,12 @@ class Loss:
     permanent: bool = False
     """The program said it is broken (a permanent exit code): restarting cannot help, the job fails."""
 
+    @property
+    def consequential(self) -> bool:
+        """This pod failed because something else was lost (its store or a peer): the consequence of an incident,
+        never the start of one while that incident's window is open."""
+        return self.exit_code in (contract.EXIT_RENDEZVOUS_LOST, contract.EXIT_PEER_LOST)
+
 
 def _exit_text(pod: PodView) -> str:
     if pod.exit_code is None:
@@ -88,7 +94,7 @@ def readable_cause(pod: PodView) -> str:
 
 def _failed_loss(pod: PodView, policy: RunPolicy, now: datetime) -> Loss:
     """A pod in phase Failed: classified by its exit code and the kubelet's reason."""
-    at = pod.finished_at or pod.deletion_timestamp or now
+    at = pod.finished_at or pod.deletion_requested or now
     cause_text = readable_cause(pod)
     if pod.reason == "Evicted":
         return Loss(pod.name, pod.uid, pod.index, POD_EVICTED, at, _join("evicted by the kubelet", cause_text))
@@ -106,7 +112,7 @@ def _join(head: str, cause: str) -> str:
 
 def _deleted_loss(pod: PodView, node_ready: Mapping[str, bool], now: datetime) -> Loss:
     """A pod deleted by someone else (user, drain, taint manager, pod GC), seen Terminating or already gone."""
-    at = pod.deletion_timestamp or now
+    at = pod.deletion_requested or now
     if pod.disruption in _DISRUPTIONS:
         cause, text = _DISRUPTIONS[pod.disruption]
     elif pod.node_name and node_ready.get(pod.node_name) is False:

@@ -1,8 +1,9 @@
 """Incidents: one cause, one count, whatever the number of pods it takes down.
 
-The rule (docs/api.md, "Incidents"): a loss joins the newest incident when that incident is still recovering,
-began at most ``runPolicy.incidentWindowSeconds`` before the loss, and has not already lost the same pod;
-otherwise the loss opens a new incident. ``backoffLimit`` counts incidents. So a lost rendezvous store, which
+The rule (docs/api.md, "Incidents"): a loss joins the newest incident when that incident began at most
+``runPolicy.incidentWindowSeconds`` before the loss, has not already lost the same pod, and is still recovering,
+or the loss is a consequence (an agent that exits 200 or 201: it lost its store or a peer); otherwise the loss
+opens a new incident. ``backoffLimit`` counts incidents. So a lost rendezvous store, which
 makes every agent exit 200 within seconds, is one incident for 2 workers or 2000, and a node that takes three
 workers with it is one incident; but a pod that crashes again after its replacement started is a new incident
 (its name is already in the open one), so a crash loop still exhausts the budget instead of hiding inside one
@@ -59,7 +60,10 @@ def _joinable(incident: Mapping[str, Any], loss: Loss, window: int, fresh: bool)
         return False  # a stall restarts the group as an incident of its own, joined only by its own pods
     if loss.cause == STALLED and not fresh:
         return False
-    if incident.get("outcome") != RECOVERING:
+    outcome = incident.get("outcome")
+    # A recovered incident is joined only by its consequences: the job can look recovered (every pod running,
+    # training still reporting steps) in the seconds before the agents notice their store is gone and exit 200.
+    if outcome == FAILED or (outcome == RECOVERED and not loss.consequential):
         return False
     start = parse_time(incident.get("startTime"))
     if start is None or loss.pod in (incident.get("pods") or []):
@@ -96,6 +100,10 @@ def attribute(
                       "outcome": RECOVERING, "message": ""}
             recent.append(target)
             opened.append(count)
+        if target.get("outcome") == RECOVERED:  # reopened by a consequence of its cause
+            target["outcome"] = RECOVERING
+            target.pop("recoveredTime", None)
+            target.pop("recoverySeconds", None)
         target["pods"] = [*target.get("pods", []), loss.pod]
         cause = pick_cause([target["cause"], loss.cause])
         if not target["message"] or (cause == loss.cause and cause != target["cause"]):

@@ -58,3 +58,26 @@ def test_subresources_columns_and_names() -> None:
     assert columns == ["State", "Ready", "Incidents", "Restarts", "Epoch", "Step", "Checkpoint", "Age"]
     names = yaml.safe_load(CRD.read_text())["spec"]["names"]
     assert names["shortNames"] == ["ddpj"] and names["categories"] == ["ddp"]
+
+
+#: Every keyword a structural CRD schema node may carry. A stray key means a YAML slip, e.g. an unquoted comma in a
+#: flow mapping that turns half a description into a key: the API server prunes it, so every apply "configures".
+SCHEMA_KEYWORDS = {
+    "type", "format", "description", "properties", "items", "required", "default", "enum", "pattern", "minimum",
+    "maximum", "minLength", "maxLength", "minItems", "maxItems", "nullable", "additionalProperties",
+    "x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string", "x-kubernetes-validations",
+    "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "x-kubernetes-embedded-resource",
+}
+
+
+def test_every_schema_node_uses_only_openapi_keywords() -> None:
+    def walk(node: dict[str, Any], path: str) -> list[str]:
+        bad = [f"{path}: {k!r}" for k in node if k not in SCHEMA_KEYWORDS]
+        for name, child in (node.get("properties") or {}).items():
+            bad += walk(child, f"{path}.{name}")
+        if isinstance(node.get("items"), dict):
+            bad += walk(node["items"], f"{path}[]")
+        return bad
+
+    bad = walk(version()["schema"]["openAPIV3Schema"], "")
+    assert not bad, f"not OpenAPI schema keywords: {bad}"

@@ -79,9 +79,9 @@ def test_rendezvous_loss_from_deletion_end_or_tombstone() -> None:
 
 
 def loss(pod_name: str, t: float, cause: str = "WorkerFailed", uid: str | None = None,
-         permanent: bool = False) -> Loss:
+         permanent: bool = False, exit_code: int | None = None) -> Loss:
     index = None if pod_name.endswith("rdzv") else int(pod_name.rsplit("-", 1)[1])
-    return Loss(pod_name, uid or f"{pod_name}@{t}", index, cause, at(t), "detail", None, permanent)
+    return Loss(pod_name, uid or f"{pod_name}@{t}", index, cause, at(t), "detail", exit_code, permanent)
 
 
 def open_incident(iid: int, start: datetime, pods: list[str], cause: str = "WorkerFailed",
@@ -104,8 +104,14 @@ def open_incident(iid: int, start: datetime, pods: list[str], cause: str = "Work
          [open_incident(1, at(0), ["j-worker-0"])], [loss("j-worker-1", 61)], 2, [1, 1]),
         ("a loss inside the window joins the recovering incident",
          [open_incident(1, at(0), ["j-worker-0"])], [loss("j-worker-1", 60)], 1, [2]),
-        ("a recovered incident is never joined",
+        ("a recovered incident is not joined by a new fault",
          [open_incident(1, at(0), ["j-worker-0"], outcome="Recovered")], [loss("j-worker-1", 5)], 2, [1, 1]),
+        ("...but by a consequence of its cause (an agent that lost its store exits 200)",
+         [open_incident(1, at(0), ["j-rdzv"], "RendezvousLost", outcome="Recovered")],
+         [loss("j-worker-0", 4, exit_code=200), loss("j-worker-1", 5, exit_code=200)], 1, [3]),
+        ("a consequence after the window is a new incident",
+         [open_incident(1, at(0), ["j-rdzv"], "RendezvousLost", outcome="Recovered")],
+         [loss("j-worker-0", 61, exit_code=200)], 2, [1, 1]),
         ("a stall never joins: restarting the group is a decision of its own",
          [open_incident(1, at(0), ["j-worker-0"])], [loss("j-worker-1", 5, "Stalled")], 2, [1, 1]),
     ],
@@ -158,3 +164,17 @@ def test_recovery_closes_the_open_incident_once() -> None:
     again, none = incidents.mark_recovered(recent, at(20))
     assert none is None and again == recent
     assert incidents.mark_failed([open_incident(1, at(0), ["a"])])[-1]["outcome"] == "Failed"
+
+
+def test_a_reopened_incident_forgets_its_premature_recovery() -> None:
+    prior = [{**open_incident(1, at(0), ["j-rdzv"], "RendezvousLost", outcome="Recovered"),
+              "recoveredTime": "x", "recoverySeconds": 0}]
+    d = incidents.attribute(prior, 1, [], [loss("j-worker-0", 3, exit_code=200)], window=60, backoff_limit=6)
+    assert d.incidents[-1]["outcome"] == "Recovering"
+    assert "recoveredTime" not in d.incidents[-1] and "recoverySeconds" not in d.incidents[-1]
+
+
+def test_a_graceful_deletion_is_lost_when_requested_not_when_its_grace_ends() -> None:
+    view = pod(phase="Running", deletion_timestamp=at(30), deletion_grace_seconds=30)
+    found = failure.worker_loss(view, RunPolicy(), {}, at(1))
+    assert found is not None and found.at == at(0)

@@ -122,6 +122,23 @@ Traceback (most recent call last):
 ConfigError: bad config /etc/train.json
 """
 
+# The checkpoint library's own exception type (no Error suffix), chained, in an error file's callstack.
+CORRUPT_CHECKPOINT = json.dumps({"message": {"message": "CorruptCheckpoint: cannot load state.pt", "extraInfo": {
+    "py_callstack": """\
+Traceback (most recent call last):
+  File "/app/ddpjob_worker/storage.py", line 240, in read
+    data = torch.load(path)
+FileNotFoundError: [Errno 2] No such file or directory: '/checkpoints/step-2/state.pt'
+
+The above exception was the direct cause of the following exception:
+
+Traceback (most recent call last):
+  File "<frozen runpy>", line 198, in _run_module_as_main
+  File "/app/ddpjob_worker/storage.py", line 247, in read
+    raise CorruptCheckpoint(f"cannot load {PAYLOAD}: {err}") from err
+ddpjob_worker.storage.CorruptCheckpoint: cannot load state.pt
+""", "timestamp": "1"}}})
+
 OOM = "RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capacity)"
 # Source lines of a traceback are searched by neither function: this one merely quotes the words.
 QUOTING_SOURCE = """\
@@ -151,6 +168,8 @@ ValueError: invalid literal for int() with base 10: 'x'
                   "socketProgress: Connection closed by remote peer 10.0.3.7<51234>"),
     (USER_BUG_CHAINED, "ConfigError: bad config /etc/train.json (caused by JSONDecodeError: Expecting value: "
                        "line 1 column 1 (char 0))"),
+    (CORRUPT_CHECKPOINT, "CorruptCheckpoint: cannot load state.pt (caused by FileNotFoundError: [Errno 2] No such "
+                         "file or directory: '/checkpoints/step-2/state.pt')"),
     (OOM, OOM),
     (QUOTING_SOURCE, "ValueError: invalid literal for int() with base 10: 'x'"),
     ("Signal 9 (SIGKILL) received by PID 4242", "Signal 9 (SIGKILL) received by PID 4242"),

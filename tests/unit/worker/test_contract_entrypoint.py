@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -107,7 +108,7 @@ def pod_environ(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, **overrides: ob
     for name, value in {**raw, contract.DDPJOB_TERMINATION_LOG: str(termination),
                         contract.DDPJOB_DNS_WAIT_SECONDS: "0"}.items():
         monkeypatch.setenv(name, value)
-    monkeypatch.setattr(entrypoint.os, "execve", lambda *a: pytest.fail(f"torchrun was started: {a}"))
+    monkeypatch.setattr(os, "execve", lambda *a: pytest.fail(f"torchrun was started: {a}"))
     return termination
 
 

@@ -104,7 +104,12 @@ def test_sigterm_budget_reaches_the_agent(monkeypatch: pytest.MonkeyPatch) -> No
     """torch 2.15's launch_agent passes its own shutdown_timeout (default 30) to the agent, so the budget must
     travel through torchrun's option, not an agent constructor default."""
     seen: list[Any] = []
-    monkeypatch.setattr(launcher_api, "launch_agent", lambda config, *_, **__: seen.append(config) or {})
+
+    def launch_agent(config: Any, *_: Any, **__: Any) -> dict[int, Any]:
+        seen.append(config)
+        return {}
+
+    monkeypatch.setattr(launcher_api, "launch_agent", launch_agent)
     monkeypatch.setenv(contract.DDPJOB_SIGTERM_BUDGET_SECONDS, "60")
     monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
     assert launch.main(["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "train.py"]) == 0
@@ -160,7 +165,7 @@ def test_only_a_successful_agent_closes_the_rendezvous(monkeypatch: pytest.Monke
     assert handler.shutdowns == (1 if closes else 0)
 
 
-class _nothing:  # noqa: N801 - reads like contextlib.nullcontext at the call site
+class _nothing:
     def __enter__(self) -> None:
         return None
 

@@ -44,7 +44,7 @@ def error_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def test_script_exception_leaves_an_error_file(error_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     script = str(error_file.parent / "code" / "train.py")
-    with pytest.raises(ValueError, match="bad lr 0.1"):  # python then prints it and exits 1, as without us
+    with pytest.raises(ValueError, match=r"bad lr 0\.1"):  # python then prints it and exits 1, as without us
         recorded.main([script, "raise", "0.1"])
     assert f"ARGV ['{script}', 'raise', '0.1'] 42" in capsys.readouterr().out
     data = json.loads(error_file.read_text())

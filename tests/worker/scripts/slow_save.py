@@ -34,7 +34,7 @@ dist.init_process_group("gloo")
 config = CheckpointConfig.from_env()
 model = torch.nn.Linear(1, 1)
 ckpt = Checkpointer(config, model=model,
-                    storage=SlowStorage(Path(config.directory), float(os.environ["SAVE_SECONDS"])))  # type: ignore[arg-type]
+                    storage=SlowStorage(Path(config.directory), float(os.environ["SAVE_SECONDS"])))
 state = ckpt.resume()
 print("TRAINING", flush=True)
 while True:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -88,7 +89,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-final", type=Path, default=None, help="rank 0 writes the final parameters here")
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep after each step (tests: kill mid-epoch)")
     p.add_argument("--log-every", type=int, default=20)
-    return p.parse_args(argv)
+    p.add_argument("--hang-at-step", type=int, default=0,
+                   help="tests: at this global step every rank sleeps forever unless --hang-marker exists")
+    p.add_argument("--hang-marker", type=Path, default=None,
+                   help="created by rank 0 when it hangs, so the restarted run goes past the step; must be visible "
+                        "to rank 0 after the restart (a shared volume), or the job hangs again")
+    args = p.parse_args(argv)
+    if args.hang_at_step and args.hang_marker is None:
+        p.error("--hang-at-step needs --hang-marker")
+    return args
 
 
 def setup_distributed() -> torch.device:
@@ -107,16 +116,10 @@ def setup_distributed() -> torch.device:
     return device
 
 
-def train(args: argparse.Namespace) -> None:
-    device = setup_distributed()
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
+def make_data(args: argparse.Namespace, world: int, rank: int
+              ) -> tuple[CharChunks, ResumableDistributedSampler, DataLoader[Any], int]:
+    """Dataset, this rank's sampler and loader, and the steps per epoch (draws nothing from the global RNG)."""
     dataset = CharChunks(args.text.read_text(encoding="utf-8"), args.seq_len)
-    model: nn.Module = CharTransformer(len(dataset.vocab), args.seq_len, args.d_model, args.layers, args.heads,
-                                       args.dropout).to(device)
-    if dist.is_initialized():
-        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     sampler = ResumableDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed,
                                           drop_last=True)
     # Its own generator: a DataLoader otherwise draws its base seed from the global torch RNG each time an
@@ -126,6 +129,19 @@ def train(args: argparse.Namespace) -> None:
     steps_per_epoch = len(dataset) // world // args.batch_size
     if args.steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, args.steps_per_epoch)
+    return dataset, sampler, loader, steps_per_epoch
+
+
+def train(args: argparse.Namespace) -> None:
+    device = setup_distributed()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
+    dataset, sampler, loader, steps_per_epoch = make_data(args, world, rank)
+    model: nn.Module = CharTransformer(len(dataset.vocab), args.seq_len, args.d_model, args.layers, args.heads,
+                                       args.dropout).to(device)
+    if dist.is_initialized():
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, args.epochs * steps_per_epoch))
     scaler = torch.amp.GradScaler("cuda") if device.type == "cuda" else None
@@ -160,6 +176,7 @@ def train(args: argparse.Namespace) -> None:
                 reporter.report(epoch=epoch, step=state.step_in_epoch, global_step=state.global_step,
                                 loss=loss_value, checkpoint_step=ckpt.last_saved_step,
                                 checkpoint_time=ckpt.last_saved_time, force=ckpt.last_saved_step != saved_before)
+            hang_if_asked(args, state.global_step, device)
         state.next_epoch()
         if ckpt.preempted():
             ckpt.exit_preempted(state)
@@ -174,6 +191,26 @@ def train(args: argparse.Namespace) -> None:
     log.info("done: %d steps, final loss %.4f", state.global_step, loss_value)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def hang_if_asked(args: argparse.Namespace, global_step: int, device: torch.device) -> None:
+    """Tests of hang detection: at ``--hang-at-step`` every rank sleeps forever with no collective pending,
+    unless the marker exists. Rank 0 decides (and creates the marker first) and a broadcast makes every rank
+    decide the same; no random number is drawn, so the training math is unchanged."""
+    if not args.hang_at_step or global_step != args.hang_at_step:
+        return
+    hang = 0.0
+    if int(os.environ.get("RANK", "0")) == 0 and not args.hang_marker.exists():
+        args.hang_marker.touch()
+        hang = 1.0
+    if dist.is_initialized():
+        decision = torch.tensor([hang], device=device)
+        dist.broadcast(decision, src=0)
+        hang = float(decision.item())
+    if hang:
+        log.warning("hanging at step %d on purpose (--hang-at-step; %s now exists)", global_step, args.hang_marker)
+        while True:
+            time.sleep(3600)
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,

@@ -1,0 +1,100 @@
+"""torchrun's agent (LocalElasticAgent) as a pod needs it: a failed agent leaves the rendezvous open for the pod
+that replaces it, and a peer's death does not use up this pod's restarts. Imports torch; launch installs it."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from ddpjob_worker import causes
+from ddpjob_worker.logs import get_logger
+
+log = get_logger("agent")
+
+
+def has_error_file(failure: ProcessFailure) -> bool:
+    """Whether the worker wrote a torchelastic error file (torchelastic fills in a placeholder otherwise)."""
+    return bool(failure.error_file) and os.path.isfile(failure.error_file)
+
+
+def failure_text(failure: ProcessFailure) -> str:
+    """What a failed worker left behind: its error file's JSON when it wrote one, else torchelastic's message."""
+    if has_error_file(failure):
+        return json.dumps(failure.error_file_data)
+    message: Any = failure.message
+    return message if isinstance(message, str) else json.dumps(message)
+
+
+def peer_loss(failures: Mapping[int, ProcessFailure]) -> bool:
+    """True when every failed worker failed because it lost a peer: the group is a casualty, not the cause (a
+    single failure of this pod's own code, or a worker killed by a signal, makes it False)."""
+    return bool(failures) and all(causes.is_peer_loss(failure_text(f)) for f in failures.values())
+
+
+class _KeepOpen:
+    """The rendezvous handler with a no-op ``shutdown``. launch_agent shuts the handler down after every run
+    that did not end by a signal, which *closes* the rendezvous of the run id for good: the pod that replaces a
+    failed one would get RendezvousClosedError and the job could never recover. Only success may close it."""
+
+    def __init__(self, handler: Any) -> None:
+        self._handler = handler
+
+    def shutdown(self) -> bool:
+        log.info("agent failed: leaving rendezvous %s open for the pod that replaces this one",
+                 self._handler.get_run_id())
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handler, name)
+
+
+class PodAgent(LocalElasticAgent):
+    """LocalElasticAgent that keeps the rendezvous open on failure and restarts for free after a peer loss."""
+
+    def run(self, role: str = "default") -> RunResult:
+        try:
+            result: RunResult = super().run(role)
+        except BaseException:
+            self._keep_rendezvous_open()
+            raise
+        if result is not None and result.is_failed():
+            self._keep_rendezvous_open()
+        return result
+
+    def _keep_rendezvous_open(self) -> None:
+        spec = self._worker_group.spec
+        if not isinstance(spec.rdzv_handler, _KeepOpen):
+            # launch_agent's finally calls shutdown() through this same spec object.
+            spec.rdzv_handler = _KeepOpen(spec.rdzv_handler)  # type: ignore[assignment]
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        result: RunResult = super()._monitor_workers(worker_group)
+        if result.state in {WorkerState.FAILED, WorkerState.UNHEALTHY} and peer_loss(result.failures):
+            rank, failure = min(result.failures.items(), key=lambda item: item[1].timestamp)
+            # _invoke_run takes one restart right after this returns; giving it back first means a survivor
+            # re-rendezvouses with the replaced peer as often as peers die, while its own crashes stay bounded.
+            self._remaining_restarts += 1
+            log.warning("worker group failed because a peer was lost (rank %s: %s); restarting it without using "
+                        "one of the %d restarts", rank, causes.condense(failure_text(failure), 200),
+                        worker_group.spec.max_restarts)
+        return result
+
+
+def install() -> None:
+    """Make torchrun's launch_agent build a PodAgent (it looks LocalElasticAgent up in its module's globals)."""
+    import torch.distributed.launcher.api as launcher_api
+
+    current = getattr(launcher_api, "LocalElasticAgent", None)
+    if current is PodAgent:
+        return
+    if current is not LocalElasticAgent:  # a torch upgrade moved it: plain torchrun behaviour, said loudly
+        log.error("torch.distributed.launcher.api does not build LocalElasticAgent; failed agents will close the "
+                  "rendezvous and peer losses will use up restarts (update ddpjob_worker.agent)")
+        return
+    setattr(launcher_api, "LocalElasticAgent", PodAgent)  # noqa: B010 - the module does not export the name
