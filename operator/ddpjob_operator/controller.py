@@ -58,6 +58,7 @@ class Controller:
         self.namespaces: list[str] = []
         self.resync_seconds = resync.DEFAULT_RESYNC_SECONDS
         self._workers: list[asyncio.Task[None]] = []
+        self._synced: asyncio.Event | None = None
 
     def start(self, kube: Kube) -> None:
         """Start the workers and the resync (once), inside a kopf handler's context so kopf.event() can post
@@ -65,11 +66,11 @@ class Controller:
         if self._workers:
             return
         self.kube = kube
+        self._synced = asyncio.Event()
         self._workers = [asyncio.create_task(self._work(), name=f"ddpjob-worker-{i}") for i in range(WORKERS)]
-        if self.resync_seconds > 0:
-            self._workers.append(asyncio.create_task(
-                resync.resync_forever(kube, self.cache, self, self.namespaces, self.resync_seconds),
-                name="ddpjob-resync"))
+        self._workers.append(asyncio.create_task(
+            resync.sync_then_resync(kube, self.cache, self, self.namespaces, self.resync_seconds, self._synced),
+            name="ddpjob-resync"))
 
     async def stop(self) -> None:
         """Cancel the workers (operator shutdown)."""
@@ -122,6 +123,8 @@ class Controller:
             self.job_seen("RESYNC", body)
 
     async def _work(self) -> None:
+        if self._synced is not None:
+            await self._synced.wait()
         while True:
             key = await self.queue.get()
             try:
@@ -156,7 +159,7 @@ class Controller:
         return planner.Observed(
             pods=mem.observed_pods(self.cache.pods(key), now), children=self.cache.children(key),
             problems=dict(mem.problems), node_ready=node_ready, restarts_floor=mem.restarts_floor,
-            incidents_floor=mem.incidents_floor,
+            incidents_floor=mem.incidents_floor, first_pass=mem.passes == 0,
         )
 
     async def reconcile(self, key: Key) -> None:
@@ -196,6 +199,7 @@ class Controller:
         if plan.delete_job and plan.job is not None:
             await self.kube.delete_job(key[0], key[1], plan.job.uid)
         mem.errors = 0
+        mem.passes += 1
         self._schedule(key, mem, plan)
         metrics.RECONCILE_DURATION.observe(time.monotonic() - t0)
         self._set_state(key, str(plan.status.get("state") or st.CREATED))

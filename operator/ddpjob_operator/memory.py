@@ -44,6 +44,8 @@ class JobMemory:
     refusals: int = 0
     """Consecutive passes with a refused create (for the retry backoff)."""
     errors: int = 0
+    passes: int = 0
+    """Passes completed by this process (0: the first, which may find pods lost while the operator was down)."""
 
     def observed_pods(self, cached: list[PodView], now: float) -> list[PodView]:
         """The cache's pods, plus pods we created that it has not delivered yet, minus pods we force-deleted and

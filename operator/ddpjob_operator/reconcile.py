@@ -74,6 +74,9 @@ class Observed:
     restarts_floor: int = 0
     incidents_floor: int = 0
     """Highest counts this operator process has written for the job (guards against stale reads)."""
+    first_pass: bool = False
+    """The first pass of this operator process over the job, on a fully listed cache: a pod of a running job
+    that is not there at all was lost while no operator watched."""
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -234,6 +237,8 @@ def _losses(ps: _Pass) -> list[failure.Loss]:
     out = [loss for p in ps.workers if (p.index or 0) < ps.job.spec.replicas
            if (loss := failure.worker_loss(p, policy, node_ready, now)) is not None]
     out += [loss for p in ps.rdzv if (loss := failure.rendezvous_loss(p, node_ready, now)) is not None]
+    if ps.obs.first_pass and ps.old.get("state") in (st.RUNNING, st.RESTARTING):
+        out += failure.vanished(ps.job, ps.workers, ps.rdzv, int(ps.old.get("replicas") or 0), ps.count, now)
     return out
 
 

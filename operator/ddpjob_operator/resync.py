@@ -53,6 +53,29 @@ async def resync_once(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: 
     return len(changed)
 
 
+async def sync_then_resync(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: list[str], period: float,
+                           synced: asyncio.Event) -> None:
+    """The initial full LIST (retried until it succeeds), then ``synced`` is set, then a resync every ``period``
+    seconds (none when 0). No pass may run before ``synced``: a pass over a half-filled cache would see children
+    missing that exist (spurious ChildRecreated Events) and could not tell a pod lost while the operator was down
+    from one not listed yet."""
+    attempt = 0
+    while not synced.is_set():
+        try:
+            await resync_once(kube, cache, sink, namespaces)
+            synced.set()
+            log.info("initial sync done: every watched kind listed")
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            attempt += 1
+            wait = min(30.0, 0.5 * 2**attempt)
+            log.warning("initial sync failed, retrying in %.0fs: %r", wait, err)
+            await asyncio.sleep(wait)
+    if period > 0:
+        await resync_forever(kube, cache, sink, namespaces, period)
+
+
 async def resync_forever(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: list[str],
                          period: float) -> None:
     """Resync every ``period`` seconds until cancelled; an error is logged and the next period tries again."""

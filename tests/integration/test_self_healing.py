@@ -158,3 +158,28 @@ def test_restricted_namespace_runs_a_compliant_job_and_explains_a_refused_one(
     jobs.wait_condition("secure", "Running", timeout=30)
     assert "CreateRefused" not in jobs.conditions("secure") or \
         jobs.conditions("secure")["CreateRefused"]["status"] == "False"
+
+
+def test_a_pod_lost_while_the_operator_is_down_is_counted_once_and_nothing_is_recreated_twice(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    jobs.apply(small_job("down", 2))
+    old = {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.running("down", 2)}
+    jobs.wait_condition("down", "Running")
+    operator.kill()
+    cluster.kubectl("delete", "pod", "down-worker-1", "-n", namespace, "--grace-period=0", "--force")
+    operator.start()
+
+    def replaced() -> bool:
+        return any(p["metadata"]["name"] == "down-worker-1" and p["metadata"]["uid"] != old["down-worker-1"]
+                   for p in jobs.live_pods("down"))
+
+    wait_for(replaced, timeout=60, describe="down-worker-1 replaced", state=lambda: jobs.describe("down"))
+    wait_for(lambda: jobs.get("down")["status"].get("incidentCount") == 1, timeout=30, describe="one incident",
+             state=lambda: jobs.describe("down"))
+    time.sleep(3)  # a later pass must not count it again
+    status = jobs.get("down")["status"]
+    assert status["incidentCount"] == 1 and "no operator was watching" in status["incidents"][0]["message"], status
+    assert status["incidents"][0]["pods"] == ["down-worker-1"], "only the pod that really went missing"
+    reasons = [e["reason"] for e in jobs.events("down")]
+    assert "ChildRecreated" not in reasons, f"a restarted operator saw children missing that exist: {reasons}"

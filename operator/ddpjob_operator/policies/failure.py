@@ -16,10 +16,11 @@ from datetime import datetime
 from ddpjob_worker import contract
 from ddpjob_worker.causes import condense
 
+from ddpjob_operator import names
 from ddpjob_operator.observed import PodView
 from ddpjob_operator.policies import stuck
 from ddpjob_operator.policies.restart import ExitAction, restart_policy_for_exit_code
-from ddpjob_operator.spec import RunPolicy
+from ddpjob_operator.spec import DDPJob, RunPolicy
 
 # Causes: the CamelCase words users see in status.incidents[].cause, Events and metrics (a fixed set).
 WORKER_FAILED = "WorkerFailed"
@@ -142,6 +143,22 @@ def rendezvous_loss(pod: PodView, node_ready: Mapping[str, bool], now: datetime)
         base = _deleted_loss(pod, node_ready, now)
         return dataclasses.replace(base, cause=RENDEZVOUS_LOST, detail=f"rendezvous pod {base.detail}")
     return None
+
+
+def vanished(job: DDPJob, workers: Sequence[PodView], rendezvous: Sequence[PodView], had: int, count: int,
+             now: datetime) -> list[Loss]:
+    """Pods of a running job that are not there at all on the operator's first pass after a (re)start: lost while
+    no operator watched (deleted, or their node removed). ``had`` is status.replicas as last written: indices
+    above it were never running (a scale-up), so only those below count. The UIDs are synthetic but stable for
+    the pass (``count`` is the persisted incident count), so a pass repeated after a crash counts them once."""
+    seen = {p.index for p in workers if p.index is not None}
+    out = [Loss(names.worker_pod_name(job.name, i), f"vanished-{job.uid}-{i}-{count}", i, POD_DELETED, now,
+                "gone while no operator was watching (deleted, or its node removed)")
+           for i in range(min(job.spec.replicas, had)) if i not in seen]
+    if not rendezvous:
+        out.append(Loss(names.rendezvous_pod_name(job.name), f"vanished-{job.uid}-rdzv-{count}", None,
+                        RENDEZVOUS_LOST, now, "rendezvous pod gone while no operator was watching"))
+    return out
 
 
 def stuck_pods(pods: Sequence[PodView], node_ready: Mapping[str, bool], timeout: int, now: datetime) -> list[PodView]:

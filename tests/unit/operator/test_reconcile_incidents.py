@@ -3,11 +3,13 @@ stalls, deleted and foreign children."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 from ddpjob_operator import status as st
 from ddpjob_operator.observed import format_time
+from ddpjob_operator.reconcile import plan
 
 from .factories import FakeCluster, at, make_job, pod_obj
 
@@ -157,3 +159,27 @@ def test_foreign_pod_with_a_workers_name_is_a_conflict_and_never_touched() -> No
     conflict = st.get_condition(c.status, "ChildConflict")
     assert conflict is not None and conflict["status"] == "True" and "Pod job-worker-1" in conflict["message"]
     assert p.create_pods == [] and all(d.uid != foreign["metadata"]["uid"] for d in p.delete_pods)
+
+
+def test_a_worker_lost_while_no_operator_watched_is_counted_on_the_first_pass_only() -> None:
+    c = running(replicas=3)
+    del c.pods["job-worker-1"]  # deleted while the operator was down: no Terminating state, no tombstone
+    p = plan(c.jobobj, dataclasses.replace(c.observed(), first_pass=True), at(30))
+    assert p.status["incidentCount"] == 1 and p.status["incidents"][0]["cause"] == "PodDeleted"
+    assert "no operator was watching" in p.status["incidents"][0]["message"]
+    assert [o["metadata"]["name"] for o in p.create_pods] == ["job-worker-1"]
+    again = plan(c.jobobj, dataclasses.replace(c.observed(), first_pass=True), at(30))
+    assert again.status["incidents"] == p.status["incidents"], "a repeated first pass counts the same loss"
+    later = plan(c.jobobj, c.observed(), at(31))
+    assert later.status.get("incidentCount", 0) == 0, "outside the first pass a missing pod is only recreated"
+
+
+def test_scale_up_is_not_a_loss_on_the_first_pass() -> None:
+    c = FakeCluster(make_job(replicas=2).with_elastic(2, 4).obj())
+    c.converge(at(0))
+    c.run_all()
+    c.converge(at(1))
+    c.jobobj["spec"]["replicas"] = 4
+    p = plan(c.jobobj, dataclasses.replace(c.observed(), first_pass=True), at(5))
+    assert p.status.get("incidentCount", 0) == 0
+    assert sorted(o["metadata"]["name"] for o in p.create_pods) == ["job-worker-2", "job-worker-3"]

@@ -8,6 +8,7 @@ same parameters, bit for bit, as one that was never interrupted (tests/worker ch
 from __future__ import annotations
 
 import argparse
+import hashlib
 import math
 import os
 import time
@@ -184,13 +185,28 @@ def train(args: argparse.Namespace) -> None:
         reporter.report(epoch=state.epoch, step=0, global_step=state.global_step, loss=loss_value,
                         checkpoint_step=ckpt.last_saved_step, checkpoint_time=ckpt.last_saved_time, force=True)
     ckpt.close()
+    params = {k: v.detach().cpu() for k, v in getattr(model, "module", model).state_dict().items()}
+    if rank == 0:
+        # In the log too: a run whose checkpoints lived on per-pod volumes leaves no file anyone can read later.
+        log.info("final parameters sha256 %s", params_sha256(params))
     if rank == 0 and args.save_final is not None:
-        params = {k: v.detach().cpu() for k, v in getattr(model, "module", model).state_dict().items()}
         torch.save(params, args.save_final)
         log.info("final parameters written to %s", args.save_final)
     log.info("done: %d steps, final loss %.4f", state.global_step, loss_value)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def params_sha256(params: dict[str, torch.Tensor]) -> str:
+    """A digest of every tensor's exact bytes (names sorted, with dtype and shape): equal means bitwise equal."""
+    digest = hashlib.sha256()
+    for name in sorted(params):
+        t = params[name].contiguous()
+        digest.update(name.encode())
+        digest.update(str(t.dtype).encode())
+        digest.update(str(tuple(t.shape)).encode())
+        digest.update(t.numpy().tobytes())
+    return digest.hexdigest()
 
 
 def hang_if_asked(args: argparse.Namespace, global_step: int, device: torch.device) -> None:
