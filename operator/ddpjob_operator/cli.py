@@ -40,7 +40,7 @@ def run(
     ] = None,
 ) -> None:
     """Run a DDPJob manifest locally: one torchrun agent per replica on localhost, no Kubernetes."""
-    from ddpjob_worker.local import run_local  # imported late: the operator image has no torch
+    from ddpjob_operator.local import run_local  # imported late: only `ddpjob run` needs it
 
     raise typer.Exit(run_local(manifest, workdir=workdir, kill_after=kill_after))
 

@@ -4,7 +4,10 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,6 +46,44 @@ def real_node_selector(cluster: Cluster) -> dict[str, str]:
     cluster (kind) every node is real, so none."""
     nodes = json.loads(cluster.kubectl("get", "nodes", "-l", f"{REAL_NODE_LABEL}=true", "-o", "json").stdout)
     return {REAL_NODE_LABEL: "true"} if nodes["items"] else {}
+
+
+@pytest.fixture(scope="session")
+def env(cluster: Cluster) -> Iterator[Any]:
+    """Images on the node (local real node only), the operator installed with Helm and Ready: shared by every
+    training module (one install, one reference run)."""
+    from tests.e2e import training as t
+    from tests.e2e.runs import Env
+
+    given = os.environ.get("KUBECONFIG")
+    cluster_dir = Path(cluster.kubeconfig).resolve().parent
+    local_node = (cluster_dir / "node" / "state.json").exists()
+    images = [t.OPERATOR_IMAGE, t.WORKER_IMAGE]
+    if given and Path(given).resolve() == Path(cluster.kubeconfig).resolve() and not os.environ.get(
+            "DDPJOB_E2E_IMPORT"):
+        t.log(f"KUBECONFIG={given} was given: not importing images; the cluster must already have {images} "
+              "(kind: `kind load docker-image ...`; local real node: `make node-import` or DDPJOB_E2E_IMPORT=1)")
+    elif local_node:
+        t.import_images(cluster_dir, images)
+    else:
+        pytest.fail(f"no KUBECONFIG given and {cluster_dir} has no real node to import images into")
+    t.helm_install_operator(cluster)
+    try:
+        yield Env(cluster, real_node_selector(cluster))
+    finally:
+        t.helm_uninstall_operator(cluster)
+
+
+@pytest.fixture(scope="session")
+def reference(env: Any) -> Any:
+    """The uninterrupted run every faulted run is compared with."""
+    from tests.e2e import training as t
+    from tests.e2e.runs import run_job
+
+    run = run_job(env, "uninterrupted")
+    t.record("uninterrupted", wall_seconds=round(run.wall_seconds, 1), params=run.params_sha256[:16],
+             incidents=run.status.get("incidentCount", 0))
+    return run
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

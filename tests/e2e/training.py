@@ -22,19 +22,23 @@ OPERATOR_IMAGE = os.environ.get("DDPJOB_E2E_OPERATOR_IMAGE", "ddpjob-operator:de
 WORKER_IMAGE = os.environ.get("DDPJOB_E2E_WORKER_IMAGE", "ddpjob-worker:dev")
 RELEASE, OPERATOR_NS = "ddpjob-operator", "ddpjob-system"
 
-# Small enough for ~1 min of training on 2 shared cores, long enough that a fault lands after a checkpoint
-# and well before the end. --step-delay stretches steps so the injection point is not a race.
-EPOCHS, STEPS_PER_EPOCH, CHECKPOINT_EVERY = 3, 40, 10
+# Every run trains the same model on the same data, so every faulted run must end bitwise equal to the
+# uninterrupted one. 180 steps of ~0.6 s (--step-delay stretches them; it changes no number): long enough for the
+# soak's dozen faults, each after a checkpoint newer than the last fault's, with steps left to finish on.
+EPOCHS, STEPS_PER_EPOCH, CHECKPOINT_EVERY = 3, 60, 5
 TRAINER_ARGS = [
     "python", "-m", "ddpjob_worker.examples.charlm", "--epochs", str(EPOCHS),
     "--steps-per-epoch", str(STEPS_PER_EPOCH), "--batch-size", "16", "--d-model", "64",
-    "--checkpoint-every", str(CHECKPOINT_EVERY), "--log-every", "1", "--step-delay", "0.25",
+    "--checkpoint-every", str(CHECKPOINT_EVERY), "--log-every", "1", "--step-delay", "0.5",
     "--seed", "1234", "--save-final", "/checkpoints/final.pt",
 ]
+#: Seconds for one run to reach Succeeded, faults and recovery included.
+RUN_TIMEOUT = 900
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 
 STEP_RE = re.compile(r"rank=(\d+)/\d+\] ddpjob\.charlm: epoch (\d+) step (\d+)/\d+ loss ([0-9.]+)")
 RESUMED_RE = re.compile(r"resumed from checkpoint step-(\d+)")
+DIGEST_RE = re.compile(r"final parameters sha256 ([0-9a-f]{64})")
 
 # Run in a helper pod on the checkpoint volume after the job: which checkpoints exist, and a digest of the
 # final parameters over every tensor's exact bytes (names sorted), so "equal" means bitwise equal.
@@ -138,31 +142,32 @@ def helm_uninstall_operator(cluster: Cluster) -> None:
 
 # --- the job ------------------------------------------------------------------------------------------------------
 
-def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str],
-                    args: list[str] | None = None) -> dict[str, Any]:
+def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: list[str] | None = None,
+                    claim: bool = True, run_policy: dict[str, Any] | None = None) -> dict[str, Any]:
     """The job as a user writes it: the cluster's default StorageClass and no securityContext, so the operator's
-    fsGroup default is what makes the root-owned volume writable for the worker (UID 10001)."""
-    volume_claim: dict[str, Any] = {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}
-    return {
-        "apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "replicas": 2, "nprocPerNode": "1", "maxRestarts": 3,
-            "template": {"spec": {
-                "nodeSelector": node_selector,
-                "terminationGracePeriodSeconds": 45,
-                "containers": [{
-                    "name": "worker", "image": WORKER_IMAGE, "imagePullPolicy": "IfNotPresent",
-                    # One thread per worker: two workers share two cores.
-                    "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-                    "args": args or TRAINER_ARGS,
-                    "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
-                }],
-            }},
-            "checkpoint": {"mountPath": "/checkpoints", "volumeClaim": volume_claim, "retainOnDelete": False},
-            # Running: the rendezvous pod goes at the end; Completed workers (and their logs) stay.
-            "runPolicy": {"backoffLimit": 6, "cleanPodPolicy": "Running"},
-        },
+    fsGroup default is what makes the root-owned volume writable for the worker (UID 10001). ``claim=False``: no
+    checkpoint section at all, the API default (a per-pod emptyDir)."""
+    spec: dict[str, Any] = {
+        "replicas": 2, "nprocPerNode": "1", "maxRestarts": 3,
+        "template": {"spec": {
+            "nodeSelector": node_selector,
+            "terminationGracePeriodSeconds": 45,
+            "containers": [{
+                "name": "worker", "image": WORKER_IMAGE, "imagePullPolicy": "IfNotPresent",
+                # One thread per worker: two workers share two cores.
+                "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
+                "args": args or TRAINER_ARGS,
+                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
+            }],
+        }},
+        # Running: the rendezvous pod goes at the end; Completed workers (and their logs) stay.
+        "runPolicy": {"backoffLimit": 6, "cleanPodPolicy": "Running", **(run_policy or {})},
     }
+    if claim:
+        volume_claim: dict[str, Any] = {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}
+        spec["checkpoint"] = {"mountPath": "/checkpoints", "volumeClaim": volume_claim, "retainOnDelete": False}
+    return {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": name, "namespace": ns},
+            "spec": spec}
 
 
 def get_json(cluster: Cluster, *args: str) -> dict[str, Any]:
@@ -314,6 +319,27 @@ class RunLogs:
         steps = [t for t, _, line in self.lines if t > start and STEP_RE.search(line)]
         return min(steps) if steps else None
 
+    def final_digest(self) -> str | None:
+        """The final parameters' digest rank 0 logged (the last one, if the run logged it more than once)."""
+        found = [m[1] for _, _, line in self.lines if (m := DIGEST_RE.search(line))]
+        return found[-1] if found else None
+
+    def steps(self, rank: int = 0) -> list[tuple[float, int]]:
+        """(time, global step) of every step ``rank`` logged, in time order."""
+        out = []
+        for when, _, line in self.lines:
+            if (m := STEP_RE.search(line)) and int(m[1]) == rank:
+                out.append((when, int(m[2]) * STEPS_PER_EPOCH + int(m[3])))
+        return out
+
+    def back_at(self, fault_at: float) -> tuple[float, int] | None:
+        """When training was back where it stood at ``fault_at`` (the first step after it numbered past the last
+        step logged before it), and that step: the time the fault cost, replayed steps included."""
+        steps = self.steps()
+        before = [s for when, s in steps if when <= fault_at]
+        stood = max(before, default=0)
+        return next(((when, s) for when, s in steps if when > fault_at and s > stood), None)
+
     def text(self, tail: int = 60) -> str:
         return "\n".join(f"{pod}: {line}" for _, pod, line in self.lines[-tail:])
 
@@ -354,13 +380,20 @@ def record(run: str, **data: Any) -> None:
 
 
 def summary_lines() -> list[str]:
+    """The session's runs, and the soak's faults, for pytest's terminal summary."""
     if not RESULTS:
         return []
     lines = [f"ddpjob e2e training runs (also in {RESULTS_FILE}):",
-             f"  {'run':<22} {'wall s':>7} {'recovery s':>11} {'resumed from':>13} {'restarts':>9}  params"]
+             f"  {'run':<16} {'wall s':>7} {'incidents':>9} {'goodput':>8}  params"]
     for run, d in RESULTS.items():
-        rec = d.get("recovery_seconds")
-        lines.append(f"  {run:<22} {d.get('wall_seconds', 0):>7.1f} {'-' if rec is None else f'{rec:.1f}':>11} "
-                     f"{d.get('resumed_from_step') or '-'!s:>13} {d.get('restarts', 0):>9}  "
-                     f"{d.get('params', '')}")
+        goodput = d.get("goodput")
+        lines.append(f"  {run:<16} {d.get('wall_seconds', 0):>7.1f} {d.get('incidents', 0)!s:>9} "
+                     f"{'-' if goodput is None else f'{goodput:.2f}':>8}  {d.get('params', '')}")
+    for run, d in RESULTS.items():
+        if not d.get("faults"):
+            continue
+        lines.append(f"  {run} faults: {'fault':<58} {'incidents':>9} {'recovery s':>10} {'lost s':>7}")
+        for n, f in enumerate(d["faults"], start=1):
+            lines.append(f"    {n:>2} {f.get('fault', ''):<58} {f.get('incidents', '-')!s:>9} "
+                         f"{f.get('recovery_s') or '-'!s:>10} {f.get('lost_s') or '-'!s:>7}")
     return lines

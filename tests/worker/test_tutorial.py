@@ -29,11 +29,11 @@ def test_tutorial_script_runs_unmodified_under_ddp_worker(job: LocalJob) -> None
     assert "[GPU0] Epoch 2" in logs and "[GPU1] Epoch 2" in logs  # both ranks trained every epoch
 
 
-def manifest(tmp_path: Path, args: list[str], replicas: int = 2) -> Path:
+def manifest(tmp_path: Path, args: list[str], replicas: int = 2, **spec: object) -> Path:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump({
         "apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": "tutorial"},
-        "spec": {"replicas": replicas, "nprocPerNode": "1", "maxRestarts": 2,
+        "spec": {**spec, "replicas": replicas, "nprocPerNode": "1", "maxRestarts": 2,
                  "rendezvous": {"lastCallSeconds": 1},
                  "template": {"spec": {"containers": [{"name": "worker", "image": "ddpjob-worker:dev",
                                                         "args": args}]}}},
@@ -60,7 +60,21 @@ def test_ddpjob_run_reports_the_failing_exit_code(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "ddpjob_operator.cli", "run", str(job), "--workdir",
                            str(tmp_path / "local")], cwd=tmp_path, capture_output=True, text=True, timeout=170)
     assert proc.returncode == 3, proc.stdout + proc.stderr  # the worker's own code, not torchrun's 1
-    assert "job tutorial failed: worker 0 exited 3 (permanent exit code)" in proc.stderr
+    assert "job tutorial failed: worker 0 failed permanently: exit code 3" in proc.stderr, proc.stderr
+
+
+@pytest.mark.timeout(180)
+def test_ddpjob_run_counts_incidents_against_backoff_limit_like_the_operator(tmp_path: Path) -> None:
+    """`ddpjob run` judges an agent's exit with the operator's own policies: a SIGKILLed trainer (137) is
+    retryable and one incident each time; with backoffLimit 1 the second one fails the job, listing both."""
+    script = tmp_path / "killed.py"
+    script.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n")
+    job = manifest(tmp_path, ["python", str(script)], replicas=1, maxRestarts=0, runPolicy={"backoffLimit": 1})
+    proc = subprocess.run([sys.executable, "-m", "ddpjob_operator.cli", "run", str(job), "--workdir",
+                           str(tmp_path / "local")], cwd=tmp_path, capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 137, proc.stdout + proc.stderr
+    assert "incident #1 (WorkerFailed), 1 of backoffLimit 1: replacing it" in proc.stderr, proc.stderr
+    assert "2 incidents exceed spec.runPolicy.backoffLimit (1): #1 WorkerFailed" in proc.stderr, proc.stderr
 
 
 @pytest.mark.timeout(240)

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ddpjob_operator.local import agent_argv
 from ddpjob_worker import contract
-from ddpjob_worker.local import agent_argv
 from ddpjob_worker.progress import ProgressReporter
 
 

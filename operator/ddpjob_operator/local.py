@@ -1,6 +1,8 @@
 """``ddpjob run job.yaml``: run a DDPJob manifest on this machine without Kubernetes (TorchX ``local_cwd``
 style): a rendezvous store, one torchrun agent per replica with the pods' env contract, a live view, and
-the job's result as the exit code."""
+the job's result as the exit code. An agent that exits is judged by the operator's own policies (failure.py
+classifies it as it would the pod, incidents.py counts it against backoffLimit), so a job fails locally exactly
+when it would fail in a cluster."""
 
 from __future__ import annotations
 
@@ -13,17 +15,20 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
+from ddpjob_worker import contract, procs
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ddpjob_worker import contract, procs
-
-_RETRYABLE_MIN = 128  # the operator's default policy: 128+signal codes are retried, 1..127 are permanent
+from ddpjob_operator import names
+from ddpjob_operator.observed import PodView
+from ddpjob_operator.policies import failure, incidents
+from ddpjob_operator.spec import RunPolicy
 
 
 @dataclass
@@ -37,16 +42,28 @@ class Agent:
     proc: subprocess.Popen[bytes] | None = None
     replacements: int = 0
     exit_code: int | None = None
+    termination_log: Path | None = None
     worker_pids: set[int] = field(default_factory=set)
 
     def start(self, cwd: Path) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - lives as long as the process
         log.write(f"--- start {time.strftime('%H:%M:%S')} (replacement {self.replacements})\n".encode())
         log.flush()
+        if self.termination_log is not None:
+            self.termination_log.unlink(missing_ok=True)
         self.proc = subprocess.Popen(self.argv, env=self.env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         log.close()
         self.exit_code = None
+
+    def as_failed_pod(self, job: str) -> PodView:
+        """This agent's exit as the pod it stands for, for the operator's failure policy."""
+        message = ""
+        with contextlib.suppress(OSError):
+            message = self.termination_log.read_text() if self.termination_log else ""
+        return PodView(name=names.worker_pod_name(job, self.index), uid=f"local-{self.index}-{self.replacements}",
+                       replica_type=names.TYPE_WORKER, index=self.index, phase="Failed", exit_code=self.exit_code,
+                       termination_message=message)
 
     def poll(self) -> int | None:
         assert self.proc is not None
@@ -116,7 +133,7 @@ def run_local(manifest: Path, workdir: Path, kill_after: float | None = None) ->
     """Run the manifest's job locally; return 0 on success, else the failing worker's exit code."""
     from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # a log line is one line, whatever the width
     try:
         job = parse_ddpjob(yaml.safe_load(manifest.read_text()) or {})
     except (InvalidSpec, yaml.YAMLError) as err:
@@ -153,14 +170,16 @@ def run_local(manifest: Path, workdir: Path, kill_after: float | None = None) ->
                 rdzv_conf=(f"is_host=false,join_timeout={rv.join_timeout_seconds},"
                            f"last_call_timeout={rv.last_call_seconds},close_timeout={rv.close_timeout_seconds}"),
                 checkpoint_keep=spec.checkpoint.keep, progress_file=str(progress_file),
+                termination_log=str(workdir / "logs" / f"worker-{i}.termination"),
             ).to_env()
             agents.append(Agent(i, agent_argv(container, bindir), {**base_env, **env},
-                                workdir / "logs" / f"worker-{i}.log"))
+                                workdir / "logs" / f"worker-{i}.log",
+                                termination_log=workdir / "logs" / f"worker-{i}.termination"))
         console.print(f"{spec.replicas} agents, rendezvous 127.0.0.1:{port}, checkpoints {ckpt_dir}, "
                       f"logs {workdir / 'logs'}")
         for a in agents:
             a.start(Path.cwd())
-        return _supervise(job.name, agents, spec.run_policy.backoff_limit, progress_file, kill_after, console)
+        return _supervise(job.name, agents, spec.run_policy, progress_file, kill_after, console)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping every process")
         return 130
@@ -172,14 +191,41 @@ def run_local(manifest: Path, workdir: Path, kill_after: float | None = None) ->
         rdzv_log.close()
 
 
-def _supervise(name: str, agents: list[Agent], backoff_limit: int, progress_file: Path, kill_after: float | None,
+class _Budget:
+    """The operator's failure and incident policies applied to agents that exit, as they would be to pods."""
+
+    def __init__(self, job: str, policy: RunPolicy) -> None:
+        self.job, self.policy = job, policy
+        self.recent: list[dict[str, Any]] = []
+        self.count = 0
+        self.counted: list[str] = []
+
+    def judge(self, agent: Agent) -> tuple[bool, str]:
+        """(replace the agent?, what to say): counts its exit into an incident; False when the job fails."""
+        now = datetime.now(UTC)
+        loss = failure.worker_loss(agent.as_failed_pod(self.job), self.policy, {}, now)
+        assert loss is not None  # an agent that exited non-zero is a failed pod
+        d = incidents.attribute(self.recent, self.count, self.counted, [loss],
+                                window=self.policy.incident_window_seconds, backoff_limit=self.policy.backoff_limit)
+        self.recent, self.count, self.counted = d.incidents, d.count, d.counted
+        if d.permanent is not None:
+            return False, f"worker {agent.index} failed permanently: {loss.detail}"
+        if d.exhausted:
+            return False, (f"{self.count} incidents exceed spec.runPolicy.backoffLimit ({self.policy.backoff_limit}): "
+                           f"{incidents.list_text(self.recent, self.count)}")
+        iid = d.new_losses[0][1] if d.new_losses else self.count
+        return True, (f"worker {agent.index}: {loss.detail}; incident #{iid} ({loss.cause}), {self.count} of "
+                      f"backoffLimit {self.policy.backoff_limit}: replacing it")
+
+
+def _supervise(name: str, agents: list[Agent], policy: RunPolicy, progress_file: Path, kill_after: float | None,
                console: Console) -> int:
-    """Watch the agents until all succeed or one fails for good; replace agents that died of a signal (as the
-    operator replaces pods: >=128 retryable, up to backoffLimit)."""
+    """Watch the agents until all succeed or one fails for good; replace the others as the operator replaces pods
+    (the same classification and incident rule, the same backoffLimit)."""
     started = time.monotonic()
     killed = kill_after is None
     training_since: float | None = None
-    replacements = 0
+    budget = _Budget(name, policy)
     live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
     last_plain = 0.0
     with live or contextlib.nullcontext():
@@ -208,15 +254,13 @@ def _supervise(name: str, agents: list[Agent], backoff_limit: int, progress_file
             for a, code in zip(agents, codes, strict=True):
                 if code is None or code == 0:
                     continue
-                if code >= _RETRYABLE_MIN and replacements < backoff_limit:
-                    replacements += 1
+                replace, why = budget.judge(a)
+                if replace:
+                    console.print(f"[yellow]{why}", highlight=False)
                     a.replacements += 1
-                    console.print(f"[yellow]worker {a.index} exited {code} (retryable): replacing it "
-                                  f"({replacements}/{backoff_limit})")
                     a.start(Path.cwd())
                     continue
-                why = "permanent exit code" if code < _RETRYABLE_MIN else f"backoffLimit {backoff_limit} reached"
-                console.print(f"[red]job {name} failed: worker {a.index} exited {code} ({why}); log: {a.log_path}")
+                console.print(f"[red]job {name} failed: {why}; log: {a.log_path}", highlight=False)
                 with contextlib.suppress(OSError):
                     tail = a.log_path.read_text(errors="replace").splitlines()[-15:]
                     console.print("\n".join(tail), markup=False, highlight=False)

@@ -1,0 +1,98 @@
+"""One training run of the e2e tier: create the DDPJob in a fresh namespace, let a scenario inject faults, wait for
+Succeeded, collect logs, the final parameters' digest and the status, check every failure message is readable, and
+delete the namespace. Shared by test_training.py and test_soak.py (fixtures in conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tests.conftest import Cluster, wait_for
+from tests.e2e import training as t
+from tests.readable import assert_readable
+
+JOB = "charlm"
+
+
+@dataclass
+class Env:
+    """The cluster with the Helm-installed operator, and where real pods must run."""
+
+    cluster: Cluster
+    node_selector: dict[str, str]
+
+
+@dataclass
+class Run:
+    """What one finished run left behind."""
+
+    name: str
+    namespace: str
+    params_sha256: str
+    """The digest rank 0 logged of its final parameters (every run has it, with or without a shared volume)."""
+    volume_sha256: str | None
+    """The digest of final.pt on the checkpoint PVC (runs with a claim)."""
+    entries: list[str]
+    losses: dict[tuple[int, int, int], str]
+    logs: t.RunLogs
+    status: dict[str, Any]
+    wall_seconds: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def fresh_namespace(cluster: Cluster, prefix: str) -> str:
+    ns = f"e2e-{prefix}-{uuid.uuid4().hex[:5]}"
+    cluster.kubectl("create", "namespace", ns)
+    wait_for(lambda: cluster.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0,
+             timeout=30, describe=f"default ServiceAccount in {ns}")
+    return ns
+
+
+Scenario = Callable[[Env, str, float], dict[str, Any]]
+"""Injects faults into the running job (namespace, creation time); returns what it measured."""
+
+
+def run_job(env: Env, label: str, scenario: Scenario | None = None, *, claim: bool = True,
+            args: list[str] | None = None, run_policy: dict[str, Any] | None = None,
+            timeout: float = t.RUN_TIMEOUT) -> Run:
+    """Create the DDPJob, run ``scenario`` against it, wait for Succeeded, read everything, delete the namespace."""
+    cluster = env.cluster
+    ns = fresh_namespace(cluster, label)
+    try:
+        t0 = time.monotonic()
+        manifest = t.ddpjob_manifest(JOB, ns, node_selector=env.node_selector, args=args, claim=claim,
+                                     run_policy=run_policy)
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+        t.log(f"{label}: DDPJob {ns}/{JOB} created")
+        extra = scenario(env, ns, t0) if scenario else {}
+        status = t.wait_job_state(cluster, ns, JOB, "Succeeded", timeout=max(60.0, timeout - (time.monotonic() - t0)))
+        wall = time.monotonic() - t0
+        logs = t.RunLogs.collect(cluster, ns, JOB)
+        digest = logs.final_digest()
+        assert digest, f"{label}: rank 0 logged no final parameter digest\n{logs.text()}"
+        volume: dict[str, Any] = t.inspect_volume(cluster, ns, JOB, env.node_selector) if claim else {}
+        run = Run(label, ns, digest, volume.get("sha256"), volume.get("entries", []), logs.losses(), logs, status,
+                  wall, extra)
+        checked = assert_readable(cluster.kubectl, ns)
+        t.log(f"{label}: Succeeded in {wall:.0f}s, params sha256 {digest[:16]}..., incidents "
+              f"{status.get('incidentCount', 0)}, {checked} failure message(s) checked readable")
+        return run
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def assert_same_model(run: Run, reference: Run) -> None:
+    """Bitwise equal final parameters, and every loss the faulted run logged equals the reference's at the same
+    (rank, epoch, step): the resumes replayed exactly the training that was lost."""
+    assert run.params_sha256 == reference.params_sha256, (
+        f"{run.name}: final parameters differ from the uninterrupted run\n{run.logs.text()}")
+    if run.volume_sha256 is not None:
+        assert run.volume_sha256 == run.params_sha256, f"{run.name}: final.pt differs from the logged digest"
+    differ = {k: (v, reference.losses.get(k)) for k, v in run.losses.items() if reference.losses.get(k) != v}
+    assert not differ, f"{run.name}: losses differ from the uninterrupted run (rank, epoch, step): {differ}"
+    last = (t.EPOCHS - 1, t.STEPS_PER_EPOCH)
+    assert {(r, *last) for r in (0, 1)} <= run.losses.keys(), f"{run.name}: last steps not logged"

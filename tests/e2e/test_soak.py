@@ -1,0 +1,119 @@
+"""The soak (issue 10): ONE 2-worker job of the example trainer on the real node goes through a sequence of faults:
+first its own trainer hangs (a test flag) and must be detected as Stalled and restarted; then 12 injected faults
+of 9 kinds (tests/e2e/faults.py SOAK: kill -9 twice, three rendezvous losses, deleted, force-deleted and evicted
+workers, the Service deleted before a worker, the operator's pod deleted, a worker lost while no operator runs).
+Each fault comes only after a checkpoint newer than the last fault's, so each one tests a resume. The job must
+reach Succeeded with every incident counted as the incident rule says and end bitwise equal to the uninterrupted
+run. The test prints each fault, the incidents it cost, the seconds from the fault to the first step after the
+resume and until training was back where it stood, and the goodput (uninterrupted / faulted wall time)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.e2e import faults
+from tests.e2e import training as t
+from tests.e2e.runs import JOB, Env, Run, assert_same_model, run_job
+
+pytestmark = pytest.mark.timeout(1800)
+
+HANG_AT = 12
+DEADLINE = 40
+SOAK_ARGS = [*t.TRAINER_ARGS, "--hang-at-step", str(HANG_AT), "--hang-marker", "/checkpoints/.hang-once"]
+SOAK_POLICY = {"backoffLimit": 20, "progressDeadlineSeconds": DEADLINE, "onStall": "RestartGroup"}
+
+
+def _stall_phase(env: Env, ns: str) -> dict[str, Any]:
+    """The trainer hangs at HANG_AT: the operator must say Stalled and restart the group as one incident."""
+    def stalled() -> dict[str, Any] | None:
+        status = t.job_status(env.cluster, ns, JOB)
+        cond = next((c for c in status.get("conditions") or [] if c["type"] == "Stalled" and c["status"] == "True"),
+                    None)
+        return {"condition": cond, "at": time.time()} if cond else None
+
+    seen = wait_for(stalled, timeout=DEADLINE + 240, interval=0.5, describe="condition Stalled",
+                    state=lambda: t.describe_job(env.cluster, ns, JOB))
+    faults.wait_incidents(env.cluster, ns, 1)
+    incident = t.job_status(env.cluster, ns, JOB)["incidents"][0]
+    assert incident["cause"] == "Stalled" and sorted(incident["pods"]) == [f"{JOB}-worker-0", f"{JOB}-worker-1"]
+    t.log(f"Stalled: {seen['condition']['reason']}: {seen['condition']['message'][:160]}")
+    return {"fault": f"the trainer hangs at step {HANG_AT} (--hang-at-step)", "kind": "trainer hang",
+            "expected": 1, "incidents": 1, "seen": seen["at"], "stall_reason": seen["condition"]["reason"]}
+
+
+def soak(env: Env, ns: str, created: float) -> dict[str, Any]:
+    """The scenario: the stall, then every fault of faults.SOAK in order."""
+    rows = [_stall_phase(env, ns)]
+    checkpoint = 0
+    for n, fault in enumerate(faults.SOAK, start=2):
+        status = faults.wait_quiet(env.cluster, ns, checkpoint)
+        progress: dict[str, Any] = status.get("progress") or {}  # type: ignore[assignment]
+        checkpoint = int(progress["lastCheckpoint"]["step"])
+        assert int(progress.get("globalStep", 0)) < t.TOTAL_STEPS - 10, f"no steps left for fault #{n}"
+        before = int(status.get("incidentCount") or 0)  # type: ignore[call-overload]
+        at = time.time()
+        t.log(f"fault #{n}: {fault.name} (after checkpoint step-{checkpoint})")
+        fault.inject(env.cluster, ns)
+        if fault.incidents:
+            faults.wait_incidents(env.cluster, ns, before + fault.incidents)
+        faults.settle()
+        rows.append({"fault": fault.name, "kind": fault.kind, "at": at, "expected": fault.incidents,
+                     "checkpoint": checkpoint, "before": before})
+    # The incident count of each fault, read once the next fault (or the end) is reached: late consequences count.
+    return {"rows": rows}
+
+
+def _report(run: Run, reference: Run) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = run.extra["rows"]
+    logs = run.logs
+    hang = next((w for w, _, line in logs.lines if "hanging at step" in line), None)
+    rows[0]["at"] = hang
+    incidents = run.status.get("incidents") or []
+    for row in rows:
+        at = row.get("at")
+        first = logs.first_step_after(at) if at else None
+        back = logs.back_at(at) if at else None
+        row["recovery_s"] = round(first - at, 1) if first and at else None
+        row["lost_s"] = round(back[0] - at, 1) if back and at else None
+    # Incidents per fault: the incidents whose start falls between this fault and the next.
+    starts = [(t.parse_ts(i["startTime"]), i) for i in incidents]
+    for row, nxt in zip(rows, [*rows[1:], None], strict=True):
+        lo = (row["at"] or 0) - 2
+        hi = (nxt["at"] - 2) if nxt and nxt.get("at") else float("inf")
+        row["incidents"] = sum(1 for s, _ in starts if lo <= s < hi)
+        row["causes"] = sorted({i["cause"] for s, i in starts if lo <= s < hi})
+    goodput = reference.wall_seconds / run.wall_seconds
+    lines = [f"soak: {len(rows)} faults, {run.status.get('incidentCount')} incidents, wall {run.wall_seconds:.0f}s "
+             f"vs uninterrupted {reference.wall_seconds:.0f}s: goodput {goodput:.2f}",
+             f"  {'#':>2} {'fault':<58} {'incidents':>9} {'recovery s':>10} {'lost s':>7}  causes"]
+    for n, row in enumerate(rows, start=1):
+        lines.append(f"  {n:>2} {row['fault']:<58} {row['incidents']:>9} {row['recovery_s'] or '-'!s:>10} "
+                     f"{row['lost_s'] or '-'!s:>7}  {','.join(row['causes']) or '-'}")
+    for line in lines:
+        t.log(line)
+    t.record("soak", wall_seconds=round(run.wall_seconds, 1), goodput=round(goodput, 3),
+             incidents=run.status.get("incidentCount"), faults=[{k: v for k, v in r.items() if k != "seen"}
+                                                                 for r in rows], params=run.params_sha256[:16])
+    return rows
+
+
+def test_soak_one_job_through_a_sequence_of_faults(env: Env, reference: Run) -> None:
+    run = run_job(env, "soak", soak, args=SOAK_ARGS, run_policy=SOAK_POLICY, timeout=1500)
+    rows = _report(run, reference)
+    assert len(rows) >= 13 and len({r["kind"] for r in rows}) >= 6
+    assert sum(r["kind"] == "rendezvous lost" for r in rows) == 3
+    wrong = [(n, r["fault"], r["expected"], r["incidents"], r["causes"]) for n, r in enumerate(rows, start=1)
+             if r["incidents"] != r["expected"]]
+    assert not wrong, f"incidents counted per fault differ from the incident rule: {wrong}"
+    assert run.status["incidentCount"] == sum(r["expected"] for r in rows)
+    # Stall detection within its deadline: from the last step before the hang to the Stalled condition.
+    last_step = max(w for w, s in run.logs.steps() if w <= rows[0]["at"])
+    detected = rows[0]["seen"] - last_step
+    t.log(f"Stalled {detected:.0f}s after the last step before the hang (progressDeadlineSeconds {DEADLINE}, "
+          f"progress reported every <= 10 s)")
+    assert detected <= DEADLINE + 15, f"Stalled only {detected:.0f}s after the last step"
+    assert_same_model(run, reference)
