@@ -14,6 +14,18 @@ from tests.e2e import training as t
 from tests.e2e.runs import JOB
 
 
+class LogCapture:
+    """Worker logs captured during a run: a replaced pod's log is gone from the API once the pod is, so each fault
+    is bracketed by captures (right before it, and right after it while a deleted pod is still Terminating)."""
+
+    def __init__(self, cluster: Cluster, ns: str) -> None:
+        self.cluster, self.ns = cluster, ns
+        self.texts: dict[str, str] = {}
+
+    def __call__(self) -> None:
+        self.texts = t.merge_logs(self.texts, t.capture_logs(self.cluster, self.ns, JOB))
+
+
 @dataclass(frozen=True)
 class Fault:
     """One fault: what a user reads in the soak's table, its kind, how to inject it, the incidents it costs."""

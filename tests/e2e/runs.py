@@ -53,7 +53,8 @@ def fresh_namespace(cluster: Cluster, prefix: str) -> str:
 
 
 Scenario = Callable[[Env, str, float], dict[str, Any]]
-"""Injects faults into the running job (namespace, creation time); returns what it measured."""
+"""Injects faults into the running job (namespace, creation time); returns what it measured, with the logs it
+captured under "logs" (pod@uid -> text) for pods that faults replaced."""
 
 
 def run_job(env: Env, label: str, scenario: Scenario | None = None, *, claim: bool = True,
@@ -71,7 +72,7 @@ def run_job(env: Env, label: str, scenario: Scenario | None = None, *, claim: bo
         extra = scenario(env, ns, t0) if scenario else {}
         status = t.wait_job_state(cluster, ns, JOB, "Succeeded", timeout=max(60.0, timeout - (time.monotonic() - t0)))
         wall = time.monotonic() - t0
-        logs = t.RunLogs.collect(cluster, ns, JOB)
+        logs = t.RunLogs.collect(cluster, ns, JOB, extra.pop("logs", None))
         digest = logs.final_digest()
         assert digest, f"{label}: rank 0 logged no final parameter digest\n{logs.text()}"
         volume: dict[str, Any] = t.inspect_volume(cluster, ns, JOB, env.node_selector) if claim else {}

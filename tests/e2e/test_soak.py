@@ -27,12 +27,14 @@ SOAK_ARGS = [*t.TRAINER_ARGS, "--hang-at-step", str(HANG_AT), "--hang-marker", "
 SOAK_POLICY = {"backoffLimit": 20, "progressDeadlineSeconds": DEADLINE, "onStall": "RestartGroup"}
 
 
-def _stall_phase(env: Env, ns: str) -> dict[str, Any]:
+def _stall_phase(env: Env, ns: str, capture: faults.LogCapture) -> dict[str, Any]:
     """The trainer hangs at HANG_AT: the operator must say Stalled and restart the group as one incident."""
     def stalled() -> dict[str, Any] | None:
         status = t.job_status(env.cluster, ns, JOB)
         cond = next((c for c in status.get("conditions") or [] if c["type"] == "Stalled" and c["status"] == "True"),
                     None)
+        if cond:
+            capture()  # the hung pods go next: keep their logs (the hang, the last steps)
         return {"condition": cond, "at": time.time()} if cond else None
 
     seen = wait_for(stalled, timeout=DEADLINE + 240, interval=0.5, describe="condition Stalled",
@@ -47,7 +49,8 @@ def _stall_phase(env: Env, ns: str) -> dict[str, Any]:
 
 def soak(env: Env, ns: str, created: float) -> dict[str, Any]:
     """The scenario: the stall, then every fault of faults.SOAK in order."""
-    rows = [_stall_phase(env, ns)]
+    capture = faults.LogCapture(env.cluster, ns)
+    rows = [_stall_phase(env, ns, capture)]
     checkpoint = 0
     for n, fault in enumerate(faults.SOAK, start=2):
         status = faults.wait_quiet(env.cluster, ns, checkpoint)
@@ -55,16 +58,18 @@ def soak(env: Env, ns: str, created: float) -> dict[str, Any]:
         checkpoint = int(progress["lastCheckpoint"]["step"])
         assert int(progress.get("globalStep", 0)) < t.TOTAL_STEPS - 10, f"no steps left for fault #{n}"
         before = int(status.get("incidentCount") or 0)  # type: ignore[call-overload]
+        capture()
         at = time.time()
         t.log(f"fault #{n}: {fault.name} (after checkpoint step-{checkpoint})")
         fault.inject(env.cluster, ns)
+        capture()
         if fault.incidents:
             faults.wait_incidents(env.cluster, ns, before + fault.incidents)
         faults.settle()
         rows.append({"fault": fault.name, "kind": fault.kind, "at": at, "expected": fault.incidents,
                      "checkpoint": checkpoint, "before": before})
     # The incident count of each fault, read once the next fault (or the end) is reached: late consequences count.
-    return {"rows": rows}
+    return {"rows": rows, "logs": capture.texts}
 
 
 def _report(run: Run, reference: Run) -> list[dict[str, Any]]:
@@ -73,9 +78,9 @@ def _report(run: Run, reference: Run) -> list[dict[str, Any]]:
     hang = next((w for w, _, line in logs.lines if "hanging at step" in line), None)
     rows[0]["at"] = hang
     incidents = run.status.get("incidents") or []
-    for row in rows:
+    for row, nxt in zip(rows, [*rows[1:], None], strict=True):
         at = row.get("at")
-        first = logs.first_step_after(at) if at else None
+        first = logs.first_step_after(at, nxt["at"] if nxt else float("inf")) if at else None
         back = logs.back_at(at) if at else None
         row["recovery_s"] = round(first - at, 1) if first and at else None
         row["lost_s"] = round(back[0] - at, 1) if back and at else None

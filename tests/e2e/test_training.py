@@ -48,17 +48,20 @@ NO_CLAIM_FAULTS = [
 
 def no_claim_scenario(env: Env, ns: str, created: float) -> dict[str, Any]:
     injected: list[dict[str, Any]] = []
+    capture = faults.LogCapture(env.cluster, ns)
     checkpoint = 0
     for fault in NO_CLAIM_FAULTS:
         status = faults.wait_quiet(env.cluster, ns, checkpoint)
         checkpoint = int(status["progress"]["lastCheckpoint"]["step"])  # type: ignore[index]
+        capture()
         at = time.time()
         fault.inject(env.cluster, ns)
+        capture()
         t.log(f"no claim: {fault.name} after checkpoint step-{checkpoint}")
         if fault.incidents:
             faults.wait_incidents(env.cluster, ns, len([f for f in injected if f["incidents"]]) + 1)
         injected.append({"fault": fault.name, "at": at, "checkpoint": checkpoint, "incidents": fault.incidents})
-    return {"faults": injected}
+    return {"faults": injected, "logs": capture.texts}
 
 
 def test_no_claim_survives_kill9_and_each_worker_pod_deleted(env: Env, reference: Run) -> None:

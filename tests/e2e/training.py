@@ -271,6 +271,28 @@ def parse_ts(stamp: str) -> float:
     return datetime.fromisoformat(head + "+00:00").timestamp() + float(f"0.{frac or '0'}")
 
 
+def capture_logs(cluster: Cluster, ns: str, name: str) -> dict[str, str]:
+    """pod@uid -> the worker container's log with the kubelet's timestamps, for every worker pod there now."""
+    texts: dict[str, str] = {}
+    for pod in worker_pods(cluster, ns, name):
+        pname = pod["metadata"]["name"]
+        if pod["metadata"]["labels"].get("ddpjob.io/replica-type") != "worker":
+            continue
+        texts[f"{pname}@{pod['metadata']['uid'][:8]}"] = cluster.kubectl(
+            "logs", "-n", ns, pname, "-c", "worker", "--timestamps", check=False).stdout
+    return texts
+
+
+def merge_logs(*captures: dict[str, str]) -> dict[str, str]:
+    """One text per pod: the longest capture (a log only grows while its pod lives)."""
+    out: dict[str, str] = {}
+    for capture in captures:
+        for key, text in capture.items():
+            if len(text) > len(out.get(key, "")):
+                out[key] = text
+    return out
+
+
 @dataclass
 class RunLogs:
     """Every worker pod's log, with the kubelet's timestamps, as (time, pod, line)."""
@@ -278,15 +300,10 @@ class RunLogs:
 
     @classmethod
     def collect(cls, cluster: Cluster, ns: str, name: str, previous: dict[str, str] | None = None) -> RunLogs:
+        """Every worker pod's log now, merged with ``previous`` captures (pods replaced since are gone from the
+        API, so a run with faults captures logs before and after each one: LogCapture)."""
+        texts = merge_logs(previous or {}, capture_logs(cluster, ns, name))
         out = cls()
-        texts = dict(previous or {})
-        for pod in worker_pods(cluster, ns, name):
-            pname = pod["metadata"]["name"]
-            if pod["metadata"]["labels"].get("ddpjob.io/replica-type") != "worker":
-                continue
-            key = f"{pname}@{pod['metadata']['uid'][:8]}"
-            texts[key] = cluster.kubectl("logs", "-n", ns, pname, "-c", "worker", "--timestamps",
-                                         check=False).stdout
         for key, text in texts.items():
             for raw in text.splitlines():
                 stamp, _, line = raw.partition(" ")
@@ -309,10 +326,11 @@ class RunLogs:
     def resumes(self, after: float = 0.0) -> list[tuple[float, str, int]]:
         return [(t, pod, int(m[1])) for t, pod, line in self.lines if t >= after and (m := RESUMED_RE.search(line))]
 
-    def first_step_after(self, after: float) -> float | None:
-        """Time of the first training step logged after `after` following a resume: the moment training was
-        making progress again (every rank steps together: a DDP step is a collective)."""
-        resumed = [t for t, _, _ in self.resumes(after)]
+    def first_step_after(self, after: float, before: float = float("inf")) -> float | None:
+        """Time of the first training step logged after a resume that came after `after` (and before `before`,
+        the next fault): the moment training was making progress again (every rank steps together: a DDP step is
+        a collective). None when nothing resumed in that span (the fault cost no restart)."""
+        resumed = [t for t, _, _ in self.resumes(after) if t < before]
         if not resumed:
             return None
         start = min(resumed)

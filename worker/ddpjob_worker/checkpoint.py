@@ -124,20 +124,6 @@ def restore_rng(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"].cpu())
 
 
-def _host_copy(obj: Any) -> Any:
-    """A deep copy with every tensor cloned to host memory: what the async writer may serialize while the
-    training loop keeps changing the live tensors."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: _host_copy(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_host_copy(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_host_copy(v) for v in obj)
-    return obj
-
-
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside DDP, so checkpoints load into a plain model too."""
     inner = getattr(model, "module", None)
@@ -259,7 +245,7 @@ class Checkpointer:
         if self.is_writer:
             payload = self._state_dict(state, rngs)
             if is_async:
-                payload = _host_copy(payload)
+                payload = replicas.to_host(payload, copy=True)
                 self._writer = threading.Thread(target=self._write, args=(state.global_step, payload),
                                                 name="ddpjob-ckpt-writer", daemon=True)
                 self._writer.start()

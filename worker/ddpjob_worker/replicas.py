@@ -107,16 +107,18 @@ def agree(newest: int | None, layout: VolumeLayout) -> ResumePlan:
     return plan_resume(gathered, layout)
 
 
-def _to_cpu(obj: Any) -> Any:
-    """The same structure with every tensor on the CPU (no copy for CPU tensors): what crosses the wire."""
+def to_host(obj: Any, *, copy: bool) -> Any:
+    """The same structure with every tensor in host memory: ``copy`` clones even CPU tensors (what an async
+    writer needs while training keeps changing the live ones); without it CPU tensors are shared (what crosses the
+    wire at a resume)."""
     if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
+        return obj.detach().to("cpu", copy=copy)
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        return {k: to_host(v, copy=copy) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_to_cpu(v) for v in obj]
+        return [to_host(v, copy=copy) for v in obj]
     if isinstance(obj, tuple):
-        return tuple(_to_cpu(v) for v in obj)
+        return tuple(to_host(v, copy=copy) for v in obj)
     return obj
 
 
@@ -131,7 +133,7 @@ def transfer(plan: ResumePlan, data: dict[str, Any] | None) -> dict[str, Any] | 
     if rank not in members:
         return None
     assert isinstance(group, dist.ProcessGroup)
-    payload: list[Any] = [_to_cpu(data) if rank == plan.source else None]
+    payload: list[Any] = [to_host(data, copy=False) if rank == plan.source else None]
     dist.broadcast_object_list(payload, src=plan.source, group=group)
     dist.destroy_process_group(group)
     if rank == plan.source:

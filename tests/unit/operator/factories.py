@@ -254,3 +254,15 @@ class FakeCluster:
 
     def worker_names(self) -> list[str]:
         return sorted(n for n in self.pods if "-worker-" in n)
+
+
+def running_cluster(replicas: int = 2, **policy: Any) -> FakeCluster:
+    """A job with ``replicas`` workers and its store all Running, after the passes that got it there."""
+    job = make_job(replicas=replicas)
+    if policy:
+        job.with_run_policy(**policy)
+    c = FakeCluster(job.obj())
+    c.converge(at(0))
+    c.run_all()
+    c.converge(at(1))
+    return c

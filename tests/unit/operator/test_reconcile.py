@@ -8,24 +8,13 @@ import pytest
 from ddpjob_operator import status as st
 from ddpjob_operator.reconcile import Observed, plan
 
-from .factories import FakeCluster, at, make_job, pod_obj, views
+from .factories import FakeCluster, at, make_job, pod_obj, running_cluster, views
 
 
 def cond(status: dict[str, Any], ctype: str) -> dict[str, Any]:
     c = st.get_condition(status, ctype)
     assert c is not None, f"no {ctype} condition in {status.get('conditions')}"
     return dict(c)
-
-
-def running_cluster(replicas: int = 2, **policy: object) -> FakeCluster:
-    job = make_job(replicas=replicas)
-    if policy:
-        job.with_run_policy(**policy)
-    c = FakeCluster(job.obj())
-    c.converge(at(0))
-    c.run_all()
-    c.converge(at(1))
-    return c
 
 
 def test_new_job_creates_rendezvous_workers_and_children() -> None:

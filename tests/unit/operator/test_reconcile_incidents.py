@@ -4,28 +4,15 @@ stalls, deleted and foreign children."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import pytest
 from ddpjob_operator import status as st
 from ddpjob_operator.observed import format_time
 from ddpjob_operator.reconcile import plan
 
-from .factories import FakeCluster, at, make_job, pod_obj
+from .factories import FakeCluster, at, make_job, pod_obj, running_cluster
 
 pytestmark = pytest.mark.unit
-
-
-def running(replicas: int = 2, **policy: Any) -> FakeCluster:
-    job = make_job(replicas=replicas)
-    if policy:
-        job.with_run_policy(**policy)
-    c = FakeCluster(job.obj())
-    c.converge(at(0))
-    c.run_all()
-    c.converge(at(1))
-    assert c.status["state"] == "Running"
-    return c
 
 
 def lose_rendezvous(c: FakeCluster, t: float) -> None:
@@ -43,7 +30,7 @@ def lose_rendezvous(c: FakeCluster, t: float) -> None:
 
 
 def test_rendezvous_loss_counts_once_for_four_workers_and_the_fourth_loss_fails() -> None:
-    c = running(replicas=4, backoffLimit=3)
+    c = running_cluster(replicas=4, backoffLimit=3)
     for n, t in enumerate((100, 200, 300), start=1):
         lose_rendezvous(c, t)
         assert c.status["incidentCount"] == n, c.status.get("incidents")
@@ -60,7 +47,7 @@ def test_rendezvous_loss_counts_once_for_four_workers_and_the_fourth_loss_fails(
 
 
 def test_deleted_worker_is_an_incident_replaced_once_gone_and_recovered_with_progress() -> None:
-    c = running(replicas=2)
+    c = running_cluster(replicas=2)
     c.jobobj["status"]["progress"] = {"globalStep": 40, "updateTime": format_time(at(5))}
     c.user_delete("job-worker-1", at=at(10))
     p = c.step(at(10))
@@ -82,7 +69,7 @@ def test_deleted_worker_is_an_incident_replaced_once_gone_and_recovered_with_pro
 
 
 def test_force_deleted_worker_seen_only_as_a_tombstone_is_counted_and_replaced() -> None:
-    c = running(replicas=2)
+    c = running_cluster(replicas=2)
     c.user_delete("job-worker-0", force=True, at=at(10))
     p = c.step(at(10))
     assert c.status["incidentCount"] == 1
@@ -92,7 +79,7 @@ def test_force_deleted_worker_seen_only_as_a_tombstone_is_counted_and_replaced()
 
 
 def test_a_crash_loop_of_one_worker_exhausts_the_budget() -> None:
-    c = running(replicas=2, backoffLimit=2)
+    c = running_cluster(replicas=2, backoffLimit=2)
     for t in (10, 20, 30):
         c.set_phase("job-worker-1", "Failed", exit_code=137, finished=at(t))
         c.converge(at(t))
@@ -103,7 +90,7 @@ def test_a_crash_loop_of_one_worker_exhausts_the_budget() -> None:
 
 
 def test_stall_restarts_the_group_as_one_incident_then_resumes() -> None:
-    c = running(replicas=2, progressDeadlineSeconds=30)
+    c = running_cluster(replicas=2, progressDeadlineSeconds=30)
     c.jobobj["status"]["progress"] = {"globalStep": 7, "updateTime": format_time(at(10))}
     assert c.step(at(20)).requeue_after == pytest.approx(20)
     p = c.step(at(41))
@@ -125,7 +112,7 @@ def test_stall_restarts_the_group_as_one_incident_then_resumes() -> None:
 
 
 def test_stall_with_on_stall_fail_fails_the_job() -> None:
-    c = running(replicas=2, progressDeadlineSeconds=30, onStall="Fail")
+    c = running_cluster(replicas=2, progressDeadlineSeconds=30, onStall="Fail")
     c.step(at(40))
     failed = st.get_condition(c.status, "Failed")
     assert failed is not None and failed["reason"] == "ProgressDeadlineExceeded"
@@ -142,7 +129,7 @@ def test_pending_pods_are_reported_as_stalled_but_never_restarted() -> None:
 
 
 def test_deleted_service_is_created_again_with_an_event() -> None:
-    c = running(replicas=2)
+    c = running_cluster(replicas=2)
     del c.children[("Service", "job")]
     p = c.step(at(5))
     assert [o["kind"] for o in p.ensure] == ["Service"]
@@ -151,7 +138,7 @@ def test_deleted_service_is_created_again_with_an_event() -> None:
 
 
 def test_foreign_pod_with_a_workers_name_is_a_conflict_and_never_touched() -> None:
-    c = running(replicas=2)
+    c = running_cluster(replicas=2)
     foreign = pod_obj(c.jobobj, 1, "Running", owner={"metadata": {"name": "other", "uid": "other-uid"}})
     c.user_delete("job-worker-1", force=True, at=at(5))
     c.pods["job-worker-1"] = foreign
@@ -162,7 +149,7 @@ def test_foreign_pod_with_a_workers_name_is_a_conflict_and_never_touched() -> No
 
 
 def test_a_worker_lost_while_no_operator_watched_is_counted_on_the_first_pass_only() -> None:
-    c = running(replicas=3)
+    c = running_cluster(replicas=3)
     del c.pods["job-worker-1"]  # deleted while the operator was down: no Terminating state, no tombstone
     p = plan(c.jobobj, dataclasses.replace(c.observed(), first_pass=True), at(30))
     assert p.status["incidentCount"] == 1 and p.status["incidents"][0]["cause"] == "PodDeleted"
