@@ -24,6 +24,13 @@ API_VERSION = f"{GROUP}/{VERSION}"
 MAX_NAME_LENGTH = 45
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: What a pattern means, for messages: pydantic would print the regular expression.
+_PATTERN_WORDS = {
+    _DNS_SUBDOMAIN: "must be a Kubernetes object name: lowercase letters, digits, '-' and '.', starting and ending "
+                    "with a letter or digit",
+    r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$": "must be a quantity such as 10Gi or 500Mi",
+    r"^/": "must be an absolute path (start with /)",
+}
 _NAMED_RE = re.compile(r"^([A-Za-z][\w.\[\]]*): (.+)$", re.S)
 
 #: The container in the pod template that runs torchrun; a template with one container may leave it unnamed.
@@ -268,6 +275,8 @@ def parse_spec(spec: Mapping[str, Any], *, prefix: str = "spec") -> DDPJobSpec:
         named = _NAMED_RE.match(msg) if first["type"] == "value_error" else None
         if named:  # a validator that names the exact field inside its model: "template.spec...env[0].name: ..."
             field, msg = f"{field}.{named[1]}", named[2]
+        if first["type"] == "string_pattern_mismatch":
+            msg = _PATTERN_WORDS.get(str((first.get("ctx") or {}).get("pattern")), msg)
         if first["type"] == "extra_forbidden":
             msg = "unknown field; check its spelling against docs/api.md"
         elif first["type"] == "missing":

@@ -81,7 +81,7 @@ def _report(run: Run, reference: Run) -> list[dict[str, Any]]:
     for row, nxt in zip(rows, [*rows[1:], None], strict=True):
         at = row.get("at")
         first = logs.first_step_after(at, nxt["at"] if nxt else float("inf")) if at else None
-        back = logs.back_at(at) if at else None
+        back = logs.back_at(at, nxt["at"] if nxt else float("inf")) if at else None
         row["recovery_s"] = round(first - at, 1) if first and at else None
         row["lost_s"] = round(back[0] - at, 1) if back and at else None
     # Incidents per fault: the incidents whose start falls between this fault and the next.

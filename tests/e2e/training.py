@@ -350,13 +350,16 @@ class RunLogs:
                 out.append((when, int(m[2]) * STEPS_PER_EPOCH + int(m[3])))
         return out
 
-    def back_at(self, fault_at: float) -> tuple[float, int] | None:
-        """When training was back where it stood at ``fault_at`` (the first step after it numbered past the last
-        step logged before it), and that step: the time the fault cost, replayed steps included."""
+    def back_at(self, fault_at: float, before: float = float("inf")) -> tuple[float, int] | None:
+        """When training was back where it stood (the first step after the resume that followed ``fault_at``,
+        numbered past every step logged before that resume), and that step: the time the fault cost, replayed
+        steps included. None when nothing resumed before ``before`` (the next fault)."""
+        resumed = [w for w, _, _ in self.resumes(fault_at) if w < before]
+        if not resumed:
+            return None
         steps = self.steps()
-        before = [s for when, s in steps if when <= fault_at]
-        stood = max(before, default=0)
-        return next(((when, s) for when, s in steps if when > fault_at and s > stood), None)
+        stood = max((s for when, s in steps if when < min(resumed)), default=0)
+        return next(((when, s) for when, s in steps if when > min(resumed) and s > stood), None)
 
     def text(self, tail: int = 60) -> str:
         return "\n".join(f"{pod}: {line}" for _, pod, line in self.lines[-tail:])
