@@ -294,12 +294,16 @@ def _recovery(result: Plan, ps: _Pass) -> None:
     running = [p for p in ps.workers if p.running and (p.index or 0) < spec.replicas]
     if len(running) < spec.replicas or not any(p.running for p in ps.rdzv):
         return
+    began = parse_time(last.get("startTime"))
+    newest = max((p.started_at for p in running if p.started_at is not None), default=None)
+    if began is not None and (newest is None or newest < began):
+        # Every worker still runs the group the incident hit: its agents have not noticed yet (a lost store is
+        # noticed seconds later), and steps they report now prove nothing.
+        return
     progress = ps.old.get("progress") or {}
     reported = parse_time(progress.get("updateTime"))
-    starts = [parse_time(last.get("startTime")), *(p.started_at for p in running)]
-    since = max(t for t in starts if t is not None) if any(starts) else None
-    if progress and (reported is None or (since is not None and reported < since)):
-        return  # training has not reported a step since the last (re)start
+    if progress and (reported is None or (newest is not None and reported < newest)):
+        return  # training has not reported a step since the newest worker started
     ps.recent, closed = incidents.mark_recovered(ps.recent, reported or ps.now)
     if closed is not None:
         step = f", training at global step {progress.get('globalStep')}" if progress else ""

@@ -238,9 +238,11 @@ class FakeCluster:
         self.pods = {k: v for k, v in self.pods.items() if "deletionTimestamp" not in v["metadata"]}
         self.tombstones += [PodView.from_pod(v).as_gone(T0) for v in gone]
 
-    def run_all(self) -> None:
-        for name in self.pods:
-            self.set_phase(name, "Running")
+    def run_all(self, started: datetime = T0) -> None:
+        """Every pod Running; containers that were not running yet started at ``started``."""
+        for name, pod in self.pods.items():
+            was = PodView.from_pod(pod).started_at
+            self.set_phase(name, "Running", started=was or started)
 
     @property
     def jobobj(self) -> Obj:

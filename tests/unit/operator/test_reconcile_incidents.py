@@ -57,7 +57,7 @@ def test_deleted_worker_is_an_incident_replaced_once_gone_and_recovered_with_pro
     p = c.step(at(12))
     assert [o["metadata"]["name"] for o in p.create_pods] == ["job-worker-1"]
     assert p.create_pods[0]["metadata"]["labels"]["ddpjob.io/incident-generation"] == "1"
-    c.run_all()
+    c.run_all(started=at(12))
     c.step(at(13))
     assert c.status["incidents"][0]["outcome"] == "Recovering", "no progress reported since the incident yet"
     c.jobobj["status"]["progress"] = {"globalStep": 50, "updateTime": format_time(at(20))}
@@ -103,7 +103,7 @@ def test_stall_restarts_the_group_as_one_incident_then_resumes() -> None:
     assert sorted((d.name, d.force) for d in p.delete_pods) == [("job-worker-0", False), ("job-worker-1", False)]
     c.finish_terminations()
     c.converge(at(43))
-    c.run_all()
+    c.run_all(started=at(43))
     c.converge(at(44))
     assert c.status["incidentCount"] == 1 and st.condition_true(c.status, "Stalled"), "until training progresses"
     c.jobobj["status"]["progress"] = {"globalStep": 8, "updateTime": format_time(at(50))}
@@ -170,3 +170,27 @@ def test_scale_up_is_not_a_loss_on_the_first_pass() -> None:
     p = plan(c.jobobj, dataclasses.replace(c.observed(), first_pass=True), at(5))
     assert p.status.get("incidentCount", 0) == 0
     assert sorted(o["metadata"]["name"] for o in p.create_pods) == ["job-worker-2", "job-worker-3"]
+
+
+def test_steps_from_the_group_an_incident_hit_do_not_recover_it() -> None:
+    """A lost store is noticed by the agents seconds later; meanwhile the old trainers still report steps. The
+    incident recovers only after a worker started since it began, and training stepped after that."""
+    c = running_cluster(replicas=2)
+    c.user_delete("job-rdzv", at=at(10))
+    c.finish_terminations()
+    c.converge(at(11))
+    c.run_all(started=at(11))  # the new store runs; the workers are still the old ones (started at T0)
+    c.jobobj["status"]["progress"] = {"globalStep": 30, "updateTime": format_time(at(12))}
+    p = c.step(at(13))
+    assert c.status["incidents"][0]["outcome"] == "Recovering"
+    assert not any(e.reason == "IncidentRecovered" for e in p.events)
+    for name in c.worker_names():
+        c.set_phase(name, "Failed", exit_code=200, finished=at(14))
+    c.converge(at(15))
+    c.run_all(started=at(16))
+    c.jobobj["status"]["progress"] = {"globalStep": 28, "updateTime": format_time(at(20))}
+    p = c.step(at(21))
+    inc = c.status["incidents"][0]
+    assert c.status["incidentCount"] == 1 and inc["outcome"] == "Recovered" and inc["recoverySeconds"] == 10
+    assert [e.message for e in p.events if e.reason == "IncidentRecovered"] == [
+        "incident #1 (RendezvousLost) recovered in 10s, training at global step 28"]
