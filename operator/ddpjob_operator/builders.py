@@ -93,6 +93,27 @@ def _default_fs_group(pod_spec: Obj) -> None:
         security.setdefault("fsGroupChangePolicy", "OnRootMismatch")
 
 
+def _contract_env(job: DDPJob, index: int, worker: Obj, grace: int) -> dict[str, str]:
+    """The env contract of worker ``index`` (contract.py is its only definition)."""
+    return WorkerEnv(
+        job_name=job.name,
+        namespace=job.namespace,
+        job_uid=job.uid,
+        worker_index=index,
+        min_nodes=job.spec.min_replicas,
+        max_nodes=job.spec.max_replicas,
+        nproc_per_node=job.spec.nproc_per_node,
+        rdzv_endpoint=rdzv_endpoint(job),
+        max_restarts=job.spec.max_restarts,
+        checkpoint_dir=job.spec.checkpoint.mount_path,
+        checkpoint_keep=job.spec.checkpoint.keep,
+        rdzv_conf=rdzv_conf(job),
+        sigterm_budget_seconds=max(1, grace - GRACE_RESERVE_SECONDS),
+        report_progress=True,
+        termination_log=str(worker.get("terminationMessagePath") or DEFAULT_TERMINATION_LOG),
+    ).to_env()
+
+
 def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: int = 0) -> Obj:
     """Worker pod ``<job>-worker-<index>`` from the template, with env contract, volume and DNS identity."""
     template = copy.deepcopy(job.spec.template)
@@ -111,23 +132,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
     containers: list[Obj] = pod_spec.get("containers") or []
     wi = worker_container_index(containers)
     worker = containers[wi]
-    env = WorkerEnv(
-        job_name=job.name,
-        namespace=job.namespace,
-        job_uid=job.uid,
-        worker_index=index,
-        min_nodes=job.spec.min_replicas,
-        max_nodes=job.spec.max_replicas,
-        nproc_per_node=job.spec.nproc_per_node,
-        rdzv_endpoint=rdzv_endpoint(job),
-        max_restarts=job.spec.max_restarts,
-        checkpoint_dir=job.spec.checkpoint.mount_path,
-        checkpoint_keep=job.spec.checkpoint.keep,
-        rdzv_conf=rdzv_conf(job),
-        sigterm_budget_seconds=max(1, grace - GRACE_RESERVE_SECONDS),
-        report_progress=True,
-        termination_log=str(worker.get("terminationMessagePath") or DEFAULT_TERMINATION_LOG),
-    ).to_env()
+    env = _contract_env(job, index, worker, grace)
     worker.setdefault("name", WORKER_CONTAINER)
     worker["env"] = _merge_env(worker.get("env") or [], env)
     # The planner copies this message into the Failed condition; logs are the fallback when the program

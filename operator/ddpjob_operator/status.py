@@ -133,17 +133,10 @@ def get_condition(status: Mapping[str, Any], ctype: str) -> Mapping[str, Any] | 
     return next((c for c in status.get("conditions") or [] if c.get("type") == ctype), None)
 
 
-def compute_status(
-    old: Mapping[str, Any],
-    *,
-    outcome: Outcome,
-    workers: Sequence[PodView],
-    counts: Counts,
-    generation: int,
-    now: datetime,
-    aux: Sequence[Aux] = (),
-) -> dict[str, Any]:
-    """The new operator-owned status (every key of OWN_KEYS; None means: remove it)."""
+def _conditions(
+    old: Mapping[str, Any], outcome: Outcome, aux: Sequence[Aux], now: datetime, generation: int
+) -> list[dict[str, Any]]:
+    """The conditions after this pass: the state's, then the auxiliary ones."""
     conds: list[dict[str, Any]] = [dict(c) for c in old.get("conditions") or []]
     msg = outcome.message
 
@@ -182,12 +175,26 @@ def compute_status(
             put(cond.type, True, cond.reason, cond.message)
         else:
             clear(cond.type, cond.reason, cond.message)
+    return conds
 
+
+def compute_status(
+    old: Mapping[str, Any],
+    *,
+    outcome: Outcome,
+    workers: Sequence[PodView],
+    counts: Counts,
+    generation: int,
+    now: datetime,
+    aux: Sequence[Aux] = (),
+) -> dict[str, Any]:
+    """The new operator-owned status (every key of OWN_KEYS; None means: remove it)."""
+    conds = _conditions(old, outcome, aux, now, generation)
     active = [p for p in workers if p.active]
     ready = [p for p in workers if p.running and p.ready]
     return {
         "conditions": conds,
-        "state": state,
+        "state": outcome.state,
         "observedGeneration": generation,
         "replicas": len(active),
         "readyReplicas": len(ready),

@@ -77,18 +77,18 @@ def env(cluster: Cluster) -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def reference(env: Any) -> Any:
     """The uninterrupted run every faulted run is compared with."""
-    from tests.e2e import training as t
+    from tests.e2e import results
     from tests.e2e.runs import run_job
 
     run = run_job(env, "uninterrupted")
-    t.record("uninterrupted", wall_seconds=round(run.wall_seconds, 1), params=run.params_sha256[:16],
-             incidents=run.status.get("incidentCount", 0))
+    results.record("uninterrupted", wall_seconds=round(run.wall_seconds, 1), params=run.params_sha256[:16],
+                   incidents=run.status.get("incidentCount", 0))
     return run
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """The training runs' wall and recovery times (tests/e2e/test_training.py), whatever the outcome."""
-    from tests.e2e.training import summary_lines
+    from tests.e2e.results import summary_lines
 
     for line in summary_lines():
         terminalreporter.write_line(line)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_for
-from tests.e2e import faults
+from tests.e2e import faults, results
 from tests.e2e import training as t
 from tests.e2e.runs import JOB, Env, Run, assert_same_model, run_job
 
@@ -100,9 +100,9 @@ def _report(run: Run, reference: Run) -> list[dict[str, Any]]:
                      f"{row['lost_s'] or '-'!s:>7}  {','.join(row['causes']) or '-'}")
     for line in lines:
         t.log(line)
-    t.record("soak", wall_seconds=round(run.wall_seconds, 1), goodput=round(goodput, 3),
-             incidents=run.status.get("incidentCount"), faults=[{k: v for k, v in r.items() if k != "seen"}
-                                                                 for r in rows], params=run.params_sha256[:16])
+    faults_seen = [{k: v for k, v in r.items() if k != "seen"} for r in rows]
+    results.record("soak", wall_seconds=round(run.wall_seconds, 1), goodput=round(goodput, 3),
+                   incidents=run.status.get("incidentCount"), faults=faults_seen, params=run.params_sha256[:16])
     return rows
 
 

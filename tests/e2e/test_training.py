@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e import faults
+from tests.e2e import faults, results
 from tests.e2e import training as t
 from tests.e2e.runs import Env, Run, assert_same_model, run_job
 
@@ -80,6 +80,6 @@ def test_no_claim_survives_kill9_and_each_worker_pod_deleted(env: Env, reference
     received = [line for _, _, line in run.logs.lines if "received from rank" in line]
     assert received, "a replaced pod must have received the checkpoint from its peer"
     assert run.status["incidentCount"] == 2, run.status.get("incidents")
-    t.record("no-claim", wall_seconds=round(run.wall_seconds, 1), incidents=run.status["incidentCount"],
-             params=run.params_sha256[:16], faults=run.extra["faults"])
+    results.record("no-claim", wall_seconds=round(run.wall_seconds, 1), incidents=run.status["incidentCount"],
+                   params=run.params_sha256[:16], faults=run.extra["faults"])
     assert_same_model(run, reference)
