@@ -24,7 +24,7 @@ Obj = dict[str, Any]
 
 def owned(obj: Obj, job: DDPJob, body: Mapping[str, Any]) -> Obj:
     """Children get a controller ownerReference, except a PVC the user asked to keep after deletion."""
-    if obj["kind"] == "PersistentVolumeClaim" and job.spec.checkpoint.retain_on_delete:
+    if obj["kind"] == "PersistentVolumeClaim" and job.spec.checkpoint.keeps_created_claim:
         return obj
     return adopt(obj, body)
 
@@ -36,9 +36,8 @@ def _answer(job: DDPJob, obj: Obj, result: Created) -> Problem | None:
         return result.refused
     if result.existing is None:
         return None
-    view = ChildView.from_object({**result.existing, "kind": kind})
-    retained = job.spec.checkpoint.retain_on_delete and job.spec.checkpoint.volume_claim is not None
-    if children.is_ours(view, job.uid, job.name, retained) or view.deleting:
+    view = ChildView.from_object(result.existing, kind)
+    if children.is_ours(view, job.uid, job.name, job.spec.checkpoint.keeps_created_claim) or view.deleting:
         return None
     return Problem(kind=kind, name=name, conflict=True, reason="ChildConflict",
                    message=children.conflict_text(kind, name, view.owner_uid))

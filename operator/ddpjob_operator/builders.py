@@ -12,7 +12,15 @@ from typing import Any
 from ddpjob_worker.contract import DEFAULT_TERMINATION_LOG, WORKER_GID, WORKER_UID, WorkerEnv
 
 from ddpjob_operator import names
-from ddpjob_operator.spec import API_VERSION, CHECKPOINT_VOLUME, GROUP, PLURAL, WORKER_CONTAINER, DDPJob
+from ddpjob_operator.spec import (
+    API_VERSION,
+    CHECKPOINT_VOLUME,
+    GROUP,
+    PLURAL,
+    WORKER_CONTAINER,
+    DDPJob,
+    worker_container_index,
+)
 
 Obj = dict[str, Any]
 
@@ -58,21 +66,6 @@ def claim_name(job: DDPJob) -> str | None:
     if ckpt.volume_claim is not None:
         return names.pvc_name(job.name)
     return None
-
-
-def worker_container_index(containers: list[Obj]) -> int:
-    """Index of the training container: the one named 'worker', else the only one (spec.py guarantees it)."""
-    for i, c in enumerate(containers):
-        if c.get("name") == WORKER_CONTAINER:
-            return i
-    return 0
-
-
-def _merge_env(user: list[Obj], contract: dict[str, str]) -> list[Obj]:
-    # The contract wins over a user variable of the same name: a stale PET_RDZV_ENDPOINT copied from another
-    # job would silently join the wrong rendezvous.
-    kept = [e for e in user if e.get("name") not in contract]
-    return kept + [{"name": k, "value": v} for k, v in contract.items()]
 
 
 def _child(api_version: str, kind: str, name: str, job: DDPJob, labels: Obj | None = None, **body: Any) -> Obj:
@@ -134,7 +127,8 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
     worker = containers[wi]
     env = _contract_env(job, index, worker, grace)
     worker.setdefault("name", WORKER_CONTAINER)
-    worker["env"] = _merge_env(worker.get("env") or [], env)
+    # No clash with the user's variables: spec.py refuses a template that sets one the contract sets.
+    worker["env"] = [*(worker.get("env") or []), *({"name": k, "value": v} for k, v in env.items())]
     # The planner copies this message into the Failed condition; logs are the fallback when the program
     # wrote no /dev/termination-log.
     worker.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
@@ -149,7 +143,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
         if claim
         else {"name": CHECKPOINT_VOLUME, "emptyDir": {}}
     )
-    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != CHECKPOINT_VOLUME]
+    volumes = pod_spec.get("volumes") or []  # spec.py refuses a template volume named like ours
     pod_spec.update(
         containers=containers,
         volumes=[*volumes, volume],

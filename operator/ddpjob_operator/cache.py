@@ -58,7 +58,7 @@ class ChildCache:
         if kind == "Pod":
             self._apply_pod(key, event_type, PodView.from_pod(obj))
         else:
-            view = ChildView.from_object({**obj, "kind": kind})
+            view = ChildView.from_object(obj, kind)
             group = self._children.setdefault(key, {})
             if event_type == "DELETED":
                 group.pop((kind, view.name), None)
@@ -142,7 +142,7 @@ class ChildCache:
     def _resync_children(self, kind: str, key: Key, listed: Mapping[str, Mapping[str, Any]], list_rv: int) -> bool:
         changed = False
         group = self._children.setdefault(key, {})
-        fresh = {(kind, v.name): v for v in (ChildView.from_object({**o, "kind": kind}) for o in listed.values())}
+        fresh = {(kind, v.name): v for v in (ChildView.from_object(o, kind) for o in listed.values())}
         for ck, child in list(group.items()):
             if ck[0] == kind and ck not in fresh and child.resource_version <= list_rv:
                 del group[ck]

@@ -5,6 +5,7 @@ cache); the periodic resync (resync.py) corrects what the watches missed; all de
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -20,7 +21,7 @@ from ddpjob_operator.apply import apply_plan
 from ddpjob_operator.cache import ChildCache, Key
 from ddpjob_operator.kube import Kube, NamespaceTerminating, Rejected
 from ddpjob_operator.memory import JobMemory, backoff
-from ddpjob_operator.observed import PodView, truncate
+from ddpjob_operator.observed import PodView, count, truncate
 from ddpjob_operator.workqueue import WorkQueue
 
 log = logging.getLogger("ddpjob.controller")
@@ -40,10 +41,7 @@ def _first_start(old: Mapping[str, Any]) -> bool:
 
 
 def _rv(body: Mapping[str, Any]) -> int:
-    try:
-        return int((body.get("metadata") or {}).get("resourceVersion") or 0)
-    except ValueError:
-        return 0
+    return count((body.get("metadata") or {}).get("resourceVersion"))
 
 
 class Controller:
@@ -155,12 +153,6 @@ class Controller:
         )
         self.queue.add_after(key, wait)
 
-    def _observed(self, key: Key, mem: JobMemory, now: float, node_ready: Mapping[str, bool]) -> planner.Observed:
-        return planner.Observed(
-            pods=mem.observed_pods(self.cache.pods(key), now), children=self.cache.children(key),
-            problems=dict(mem.problems), node_ready=node_ready, restarts_floor=mem.restarts_floor,
-            incidents_floor=mem.incidents_floor, first_pass=mem.passes == 0,
-        )
 
     async def reconcile(self, key: Key) -> None:
         """One pass for one job: plan, apply, and one status write (re-planned if the API server's answers to
@@ -175,11 +167,16 @@ class Controller:
         metrics.RECONCILES.inc()
         now = datetime.now(UTC)
         pods = mem.observed_pods(self.cache.pods(key), t0)
-        node_ready = await self._node_readiness(body, pods, now)
-        plan = planner.plan(body, self._observed(key, mem, t0, node_ready), now)
+        observed = planner.Observed(
+            pods=pods, children=self.cache.children(key), problems=dict(mem.problems),
+            node_ready=await self._node_readiness(body, pods, now), restarts_floor=mem.restarts_floor,
+            incidents_floor=mem.incidents_floor, first_pass=mem.passes == 0,
+        )
+        plan = planner.plan(body, observed, now)
         try:
             if plan.job is not None and await apply_plan(self.kube, key, mem, plan):
-                answered = planner.plan(body, self._observed(key, mem, t0, node_ready), now)
+                # The same observation with the API server's answers to this pass's creates.
+                answered = planner.plan(body, dataclasses.replace(observed, problems=dict(mem.problems)), now)
                 plan.status, plan.patch = answered.status, answered.patch
                 plan.events += [e for e in answered.events if e not in plan.events]
         except Rejected as err:

@@ -12,7 +12,7 @@ import kopf
 
 from ddpjob_operator import names
 from ddpjob_operator.controller import Controller
-from ddpjob_operator.kube import API_VERSIONS, Kube
+from ddpjob_operator.kube import API_VERSIONS, Kube, watch_resource
 from ddpjob_operator.spec import GROUP, PLURAL, VERSION, InvalidSpec, parse_ddpjob
 
 controller = Controller()
@@ -36,8 +36,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.request_timeout = REQUEST_TIMEOUT
     settings.networking.connect_timeout = 10
     # Only our children travel over the watches: the API server filters them, not the operator.
-    for resource in _CHILD_RESOURCES:
-        settings.watching.label_selectors[resource] = names.LABEL_JOB_NAME
+    for kind in API_VERSIONS:
+        settings.watching.label_selectors[watch_resource(kind)] = names.LABEL_JOB_NAME
     _settings.append(settings)  # resource handlers get no `settings` kwarg; the API layer needs them
 
 
@@ -66,19 +66,6 @@ async def ddpjob_event(
     logger.debug("event %s", type)
 
 
-#: kopf resource names of the child kinds, by kind (group/version/plural as kopf resolves them).
-_CHILD_RESOURCES = {
-    "Pod": "pods",
-    "Service": "services",
-    "ServiceAccount": "serviceaccounts",
-    "PersistentVolumeClaim": "persistentvolumeclaims",
-    "Role": "roles.rbac.authorization.k8s.io",
-    "RoleBinding": "rolebindings.rbac.authorization.k8s.io",
-    "NetworkPolicy": "networkpolicies.networking.k8s.io",
-}
-assert set(_CHILD_RESOURCES) == set(API_VERSIONS), "the watches and the resync must cover the same kinds"
-
-
 def _watch(kind: str, resource: str) -> None:
     async def child_event(type: str | None, body: kopf.Body, **_: Any) -> None:
         controller.child_seen(kind, type, body)
@@ -87,8 +74,9 @@ def _watch(kind: str, resource: str) -> None:
     kopf.on.event(resource, labels={names.LABEL_JOB_NAME: kopf.PRESENT})(child_event)
 
 
-for _kind, _resource in _CHILD_RESOURCES.items():
-    _watch(_kind, _resource)
+# The same kinds the resync lists (kube.API_VERSIONS), so the two can never cover different children.
+for _kind in API_VERSIONS:
+    _watch(_kind, watch_resource(_kind))
 
 
 @kopf.on.cleanup()

@@ -53,6 +53,14 @@ API_VERSIONS = {
     "RoleBinding": "rbac.authorization.k8s.io/v1",
     "NetworkPolicy": "networking.k8s.io/v1",
 }
+
+
+def watch_resource(kind: str) -> str:
+    """How kopf names the resource of a child kind: ``pods``, ``roles.rbac.authorization.k8s.io``."""
+    group = API_VERSIONS[kind].rpartition("/")[0]
+    return f"{_PLURALS[kind]}.{group}" if group else _PLURALS[kind]
+
+
 #: Items per LIST page during a resync (bounded memory per request at any scale).
 LIST_PAGE = 500
 
@@ -193,9 +201,7 @@ class Kube:
         while True:
             query = {"labelSelector": label_selector, "limit": str(LIST_PAGE), **({"continue": token} if token else {})}
             page = await self._call("get", f"{collection_url(api_version, kind, namespace)}?{urlencode(query)}")
-            for item in page.get("items") or []:
-                item.setdefault("kind", kind)
-                items.append(item)
+            items += page.get("items") or []
             meta = page.get("metadata") or {}
             rv = rv or int(str(meta.get("resourceVersion") or "0") or 0)
             token = str(meta.get("continue") or "")

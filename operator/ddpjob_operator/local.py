@@ -28,7 +28,7 @@ from rich.table import Table
 from ddpjob_operator import names
 from ddpjob_operator.observed import PodView
 from ddpjob_operator.policies import failure, incidents
-from ddpjob_operator.spec import RunPolicy
+from ddpjob_operator.spec import RunPolicy, worker_container_index
 
 
 @dataclass
@@ -72,12 +72,6 @@ class Agent:
         if code is not None and self.exit_code is None:
             self.exit_code = 128 - code if code < 0 else code  # a signal -> what the kubelet would report
         return self.exit_code
-
-
-def _worker_container(template: dict[str, Any]) -> dict[str, Any]:
-    containers: list[dict[str, Any]] = template.get("spec", {}).get("containers", [])
-    named = [c for c in containers if c.get("name") == "worker"]
-    return named[0] if named else containers[0]
 
 
 def agent_argv(container: dict[str, Any], bindir: Path) -> list[str]:
@@ -140,7 +134,8 @@ def run_local(manifest: Path, workdir: Path, kill_after: float | None = None) ->
         console.print(f"[red]{manifest}: {err}")
         return 2
     spec = job.spec
-    container = _worker_container(spec.template)
+    containers: list[dict[str, Any]] = spec.template["spec"]["containers"]
+    container = containers[worker_container_index(containers)]
     console.print(f"image {container.get('image')!r} ignored: the command runs with {sys.executable}")
     workdir = workdir.resolve()
     (workdir / "logs").mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from ddpjob_operator.policies.failure import CAUSES
+
 #: Buckets for durations measured in seconds from pod creation or failure to a running pod.
 _LIFECYCLE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
@@ -49,9 +51,7 @@ def move_job_state(old: str | None, new: str | None) -> None:
 
 for _state in STATES:  # every state is exported from the start, at 0
     JOBS.labels(state=_state).set(0)
-#: The incident causes (policies/failure.py CAUSES; repeated here so metrics imports no policy).
-INCIDENT_CAUSES = ("WorkerFailed", "OOMKilled", "PodDeleted", "PodEvicted", "NodeLost", "RendezvousLost", "Stalled")
-for _cause in INCIDENT_CAUSES:
+for _cause in CAUSES:  # every cause is exported from the start, at 0
     INCIDENTS.labels(cause=_cause)
 
 

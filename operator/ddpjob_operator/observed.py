@@ -28,6 +28,13 @@ def format_time(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def count(value: Any) -> int:
+    """A non-negative integer the API server or a label carries as text (resourceVersion, generation labels);
+    0 when it is missing or not a number."""
+    text = str(value or "0")
+    return int(text) if text.isdigit() else 0
+
+
 def controller_uid(meta: Mapping[str, Any]) -> str | None:
     """UID of the object's controller (the ownerReference with ``controller: true``), or None."""
     for ref in meta.get("ownerReferences") or []:
@@ -115,8 +122,6 @@ class PodView:
         status = pod.get("status") or {}
         spec = pod.get("spec") or {}
         raw_index = labels.get(names.LABEL_REPLICA_INDEX)
-        raw_gen = labels.get(names.LABEL_RESTART_GENERATION, "0")
-        raw_inc = labels.get(names.LABEL_INCIDENT_GENERATION, "0")
         statuses = status.get("containerStatuses") or []
         worker = next((c for c in statuses if c.get("name") == WORKER_CONTAINER), statuses[0] if statuses else {})
         state = worker.get("state") or {}
@@ -126,13 +131,12 @@ class PodView:
         disruption: Mapping[str, Any] = next(
             (c for c in conditions if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), {}
         )
-        rv = str(meta.get("resourceVersion") or "0")
         return cls(
             name=meta.get("name", ""),
             uid=meta.get("uid", ""),
             replica_type=labels.get(names.LABEL_REPLICA_TYPE, names.TYPE_WORKER),
             index=int(raw_index) if raw_index is not None and str(raw_index).isdigit() else None,
-            generation=int(raw_gen) if str(raw_gen).isdigit() else 0,
+            generation=count(labels.get(names.LABEL_RESTART_GENERATION)),
             phase=status.get("phase") or "Pending",
             ready=ready,
             node_name=spec.get("nodeName"),
@@ -144,23 +148,24 @@ class PodView:
             termination_message=truncate(str((term or {}).get("message") or status.get("message") or "")),
             reason=str(status.get("reason") or (term or {}).get("reason") or ""),
             owner_uid=controller_uid(meta),
-            incident_generation=int(raw_inc) if str(raw_inc).isdigit() else 0,
+            incident_generation=count(labels.get(names.LABEL_INCIDENT_GENERATION)),
             started_at=parse_time((state.get("running") or {}).get("startedAt")),
             waiting=_waiting(status, state),
             disruption=str(disruption.get("reason") or ""),
-            resource_version=int(rv) if rv.isdigit() else 0,
+            resource_version=count(meta.get("resourceVersion")),
         )
 
 
 def _waiting(status: Mapping[str, Any], state: Mapping[str, Any]) -> str:
     """Why a pod is not running yet: the scheduler's verdict, else the container's waiting reason."""
+    def said(what: Mapping[str, Any], default: str) -> str:
+        return truncate(f"{what.get('reason') or default}: {what.get('message') or ''}".strip(": "), 300)
+
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
-            return truncate(f"{cond.get('reason') or 'Unscheduled'}: {cond.get('message') or ''}".strip(": "), 300)
+            return said(cond, "Unscheduled")
     waiting = state.get("waiting") or {}
-    if waiting:
-        return truncate(f"{waiting.get('reason') or 'Waiting'}: {waiting.get('message') or ''}".strip(": "), 300)
-    return ""
+    return said(waiting, "Waiting") if waiting else ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,16 +181,15 @@ class ChildView:
     resource_version: int = 0
 
     @classmethod
-    def from_object(cls, obj: Mapping[str, Any]) -> ChildView:
-        """Build the view from an object as the API server returns it."""
+    def from_object(cls, obj: Mapping[str, Any], kind: str) -> ChildView:
+        """Build the view from an object of ``kind`` as the API server returns it (LIST items carry no kind)."""
         meta = obj.get("metadata") or {}
-        rv = str(meta.get("resourceVersion") or "0")
         return cls(
-            kind=str(obj.get("kind") or ""),
+            kind=kind,
             name=str(meta.get("name") or ""),
             uid=str(meta.get("uid") or ""),
             owner_uid=controller_uid(meta),
             job_label=str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME) or ""),
             deleting=bool(meta.get("deletionTimestamp")),
-            resource_version=int(rv) if rv.isdigit() else 0,
+            resource_version=count(meta.get("resourceVersion")),
         )

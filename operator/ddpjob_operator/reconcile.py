@@ -207,7 +207,7 @@ def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
     result.events += [st.Event("Normal", "WorkerReplaced", f"replaced worker {r.index} "
                                f"({'no exit code' if r.exit_code is None else f'exit code {r.exit_code}'}); "
                                f"incidents: {ps.count}") for r in pod_plan.replacements]
-    if conflicts:
+    if pod_plan.conflicts:  # a conflicting non-pod child already asked for this in _children
         result.requeue_at(now + timedelta(seconds=CONFLICT_RECHECK_SECONDS), now)
     _recovery(result, ps)
     _aux(ps, stalled, conflicts)
@@ -219,7 +219,7 @@ def _children(result: Plan, ps: _Pass) -> children.ChildrenDecision:
     job, now = ps.job, ps.now
     kids = children.decide(
         builders.build_static_children(job), ps.obs.children, ps.obs.problems, job_uid=job.uid, job_name=job.name,
-        retained_pvc=job.spec.checkpoint.retain_on_delete and job.spec.checkpoint.volume_claim is not None,
+        retained_pvc=job.spec.checkpoint.keeps_created_claim,
         created_before=st.condition_true(ps.old, st.CREATED),
     )
     result.ensure = kids.create

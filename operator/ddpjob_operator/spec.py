@@ -92,6 +92,12 @@ class Checkpoint(_Model):
     retain_on_delete: bool = Field(default=True, description="Keep the created PVC after the DDPJob is deleted.")
     keep: int = Field(default=3, ge=1, description="How many valid checkpoints the library keeps.")
 
+    @property
+    def keeps_created_claim(self) -> bool:
+        """The operator creates the claim and keeps it after the job: it gets no ownerReference, so a DDPJob of the
+        same name takes it back (and resumes from it)."""
+        return self.volume_claim is not None and self.retain_on_delete
+
     @model_validator(mode="after")
     def _one_source(self) -> Checkpoint:
         if self.volume_claim is not None and self.existing_claim is not None:
@@ -202,11 +208,12 @@ class DDPJobSpec(_Model):
         return self.elastic.max_replicas if self.elastic else self.replicas
 
 
-def _worker(containers: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+def worker_container_index(containers: list[dict[str, Any]]) -> int:
+    """Index of the training container: the one named 'worker', else the only one (the model guarantees it)."""
     for i, c in enumerate(containers):
         if c.get("name") == WORKER_CONTAINER:
-            return i, c
-    return 0, containers[0]
+            return i
+    return 0
 
 
 def _gpu_requested(pod_spec: dict[str, Any], container: dict[str, Any]) -> bool:
@@ -221,7 +228,8 @@ def _check_template(spec: DDPJobSpec) -> None:
     """What the API server accepts but a worker could only fail on at start: refuse it before any pod exists."""
     pod_spec = spec.template.get("spec") or {}
     containers: list[dict[str, Any]] = pod_spec.get("containers") or []
-    ci, worker = _worker(containers)
+    ci = worker_container_index(containers)
+    worker = containers[ci]
     where = f"template.spec.containers[{ci}]"
     for j, item in enumerate(worker.get("env") or []):
         name = str((item or {}).get("name") or "")

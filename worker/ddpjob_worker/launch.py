@@ -26,8 +26,6 @@ from ddpjob_worker.logs import get_logger
 
 log = get_logger("launch")
 
-#: Kept for callers of the old name; the contract defines the code.
-EXIT_RENDEZVOUS_LOST = contract.EXIT_RENDEZVOUS_LOST
 #: Seconds the agent gives its workers between SIGTERM and SIGKILL on top of the checkpoint budget.
 SHUTDOWN_MARGIN_SECONDS = 5
 

@@ -18,7 +18,6 @@ from ddpjob_worker.causes import condense
 
 from ddpjob_operator import names
 from ddpjob_operator.observed import PodView
-from ddpjob_operator.policies import stuck
 from ddpjob_operator.policies.restart import ExitAction, restart_policy_for_exit_code
 from ddpjob_operator.spec import DDPJob, RunPolicy
 
@@ -159,11 +158,6 @@ def vanished(job: DDPJob, workers: Sequence[PodView], rendezvous: Sequence[PodVi
         out.append(Loss(names.rendezvous_pod_name(job.name), f"vanished-{job.uid}-rdzv-{count}", None,
                         RENDEZVOUS_LOST, now, "rendezvous pod gone while no operator was watching"))
     return out
-
-
-def stuck_pods(pods: Sequence[PodView], node_ready: Mapping[str, bool], timeout: int, now: datetime) -> list[PodView]:
-    """Pods Terminating past ``timeout`` on a NotReady node: to be force-deleted (kubeflow/trainer#2072)."""
-    return [p for p in pods if not p.gone and stuck.is_stuck_terminating(p, node_ready, timeout, now)]
 
 
 def pick_cause(causes: Sequence[str]) -> str:

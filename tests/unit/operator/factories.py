@@ -143,7 +143,7 @@ class FakeCluster:
     def observed(self, floor: int = 0) -> Observed:
         return Observed(pods=[*views(*self.pods.values()), *self.tombstones], node_ready=self.node_ready,
                         restarts_floor=floor, problems=dict(self.problems),
-                        children={k: ChildView.from_object(v) for k, v in self.children.items()})
+                        children={k: ChildView.from_object(v, k[0]) for k, v in self.children.items()})
 
     def plan(self, now: datetime) -> Plan:
         assert self.job is not None
