@@ -19,13 +19,14 @@ See docs/checkpoints.md for the on-disk format and the guarantees.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import random
 import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ddpjob_worker import contract, replicas
+from ddpjob_worker import contract, fencing, replicas
 from ddpjob_worker.logs import get_logger
 from ddpjob_worker.storage import CorruptCheckpoint, LocalStorage, Storage
 
@@ -161,6 +162,8 @@ class Checkpointer:
         self.is_writer = self.layout.writer(self.rank) == self.rank
         if self.rank == 0:
             log.log(*self.layout.describe())
+        #: This start of the process group (see fencing): set by ``resume``, or by a ``save`` before any resume.
+        self.incarnation: int | None = None
         self._writer: threading.Thread | None = None
         self._writer_error: BaseException | None = None
         self._sigterm_at: float | None = None
@@ -233,6 +236,8 @@ class Checkpointer:
         """Checkpoint ``state`` as ``step-<global_step>``; collective. One rank per volume writes (rank 0 alone on a
         shared volume); when this returns (sync mode) every copy is committed and every rank passed the barrier."""
         self.wait()
+        if self.incarnation is None:  # no resume(): this run starts a history of its own, from scratch
+            self.incarnation = fencing.begin(self._own_volume(), fencing.gather(self._own_volume()), None)
         rng = capture_rng()
         rngs: list[Any] = [None] * self.world_size
         if self._distributed:
@@ -246,28 +251,42 @@ class Checkpointer:
             payload = self._state_dict(state, rngs)
             if is_async:
                 payload = replicas.to_host(payload, copy=True)
-                self._writer = threading.Thread(target=self._write, args=(state.global_step, payload),
+                self._writer = threading.Thread(target=self._write,
+                                                args=(state.global_step, payload, self.incarnation),
                                                 name="ddpjob-ckpt-writer", daemon=True)
                 self._writer.start()
             else:
-                self._write(state.global_step, payload)
+                self._write(state.global_step, payload, self.incarnation)
         if self._distributed and not is_async:
             dist.barrier()
         self._raise_writer_error()
 
-    def _write(self, step: int, payload: dict[str, Any]) -> None:
+    def _write(self, step: int, payload: dict[str, Any], incarnation: int) -> None:
         started = time.monotonic()
         try:
-            manifest = self.storage.write(step, payload, {"world_size": self.world_size})
+            meta = {"world_size": self.world_size, fencing.INCARNATION: incarnation}
+            manifest = self.storage.write(step, payload, meta, before_commit=functools.partial(
+                fencing.ensure_current, self.storage, incarnation))
             seconds = time.monotonic() - started
             self.last_saved_step, self.last_saved_time = step, time.time()
-            removed = self.storage.purge(self.config.keep, protect=step)
+            removed = self._purge(protect=step)
             log.info("checkpoint step-%d saved: %.1f MB in %.2fs (%.0f MB/s), sha256 %s...%s", step,
                      manifest.size / 1e6, seconds, manifest.size / 1e6 / max(seconds, 1e-9), manifest.sha256[:12],
                      f"; removed step {removed}" if removed else "")
         except BaseException as err:  # surfaced on the training thread by the next save/wait
             self._writer_error = err
-            log.error("checkpoint step-%d failed: %s", step, err)
+            log.error("checkpoint step-%d %s: %s", step,
+                      "not committed" if isinstance(err, fencing.Fenced) else "failed", err)
+
+    def _purge(self, protect: int | None) -> list[int]:
+        """Rotation by this volume's records, so that a stale checkpoint never counts as one of the ``keep``."""
+        fences = self.storage.fences()
+        return self.storage.purge(self.config.keep, protect=protect,
+                                  valid=lambda step: fencing.stale_reason(self.storage, step, fences) is None)
+
+    def _own_volume(self) -> Storage | None:
+        """The storage this rank writes, if it is its volume's writer."""
+        return self.storage if self.is_writer else None
 
     def wait(self) -> None:
         """Block until an asynchronous save has been committed."""
@@ -283,9 +302,13 @@ class Checkpointer:
 
     # --- resume ---
 
-    def load_latest_valid(self) -> tuple[int, dict[str, Any]] | None:
-        """Newest checkpoint whose checksum verifies, loaded; bad ones are logged, set aside and skipped."""
+    def load_latest_valid(self, fences: Collection[fencing.Fence] = ()) -> tuple[int, dict[str, Any]] | None:
+        """Newest checkpoint whose checksum verifies and that none of ``fences`` makes stale, loaded; bad ones are
+        logged, set aside and skipped."""
+        self._set_aside_stale(fences)
         for step in self.storage.committed_steps():
+            if fencing.stale_reason(self.storage, step, fences):
+                continue  # committed since the sweep above; the next resume sets it aside
             try:
                 return step, self.storage.read(step, self.device, verify=True)
             except CorruptCheckpoint as err:
@@ -294,24 +317,37 @@ class Checkpointer:
                 self.storage.quarantine(step, str(err))
         return None
 
+    def _set_aside_stale(self, fences: Collection[fencing.Fence]) -> None:
+        """Move every stale checkpoint aside, older ones too: rotation never counts or deletes them."""
+        for step in self.storage.committed_steps():
+            if reason := fencing.stale_reason(self.storage, step, fences):
+                log.warning("checkpoint step-%d in %s is stale (%s: a writer cut off from the job, such as a "
+                            "partitioned pod); set aside, never resumed from", step, self.config.directory, reason)
+                self.storage.quarantine(step, f"stale: {reason}", label="stale")
+
     def resume(self) -> TrainState:
         """Restore the newest valid checkpoint any volume holds into the model and friends (a fresh TrainState
         if none); ranks whose volume lacks it receive it from a peer, and their writer stores a copy."""
-        local = self.load_latest_valid() if self.is_writer else None
+        view = fencing.gather(self._own_volume())  # a record on any volume fences checkpoints on all of them
+        local = self.load_latest_valid(view.fences) if self.is_writer else None
         if self.is_writer:
-            # No save can be running now (torchrun stops a group before starting the next), so temporary
-            # folders are the remains of a crashed save.
-            self.storage.purge(self.config.keep, protect=local[0] if local is not None else None)
+            # No save of this process group can be running now (torchrun stops a group before starting the next),
+            # so temporary folders are the remains of a crashed save.
+            self._purge(protect=local[0] if local is not None else None)
         # Everyone loads the same step (no rank can race ahead): the newest that any volume still holds.
         plan = replicas.agree(local[0] if local is not None else None, self.layout)
+        # Recorded before anyone trains: from here on, what an earlier incarnation commits past plan.step is stale.
+        self.incarnation = fencing.begin(self._own_volume(), view, plan.step)
         if plan.step is None:
-            log.info("no valid checkpoint in %s; starting from scratch", self.config.directory)
+            log.info("no valid checkpoint in %s; starting from scratch (incarnation %d)", self.config.directory,
+                     self.incarnation)
             return TrainState()
         data, origin = self._obtain(plan, local)
         self._restore(plan.step, data)
         state = TrainState(**data["train"])
-        log.info("resumed from checkpoint step-%d (%s): epoch %d, step %d of the epoch", plan.step, origin,
-                 state.epoch, state.step_in_epoch)
+        # "(origin)" right after the step: tests and users grep for "(local copy)" / "(received from rank N)".
+        log.info("resumed from checkpoint step-%d (%s): epoch %d, step %d of the epoch; incarnation %d", plan.step,
+                 origin, state.epoch, state.step_in_epoch, self.incarnation)
         if self._distributed:
             dist.barrier()
         return state
@@ -323,16 +359,20 @@ class Checkpointer:
         data: dict[str, Any] | None = None
         if self.rank in plan.holders:
             data = local[1] if local is not None else self.storage.read(plan.step, self.device, verify=False)
+        origin = "local copy"
         if plan.receivers:
             received = replicas.transfer(plan, data)
             if self.rank in plan.receivers:
                 assert received is not None
-                if self.is_writer:  # the replaced pod holds a copy again, and serves it the next time
-                    self.storage.write(plan.step, received, {"world_size": received["world_size"]})
-                    self.storage.purge(self.config.keep, protect=plan.step)
-                return received, f"received from rank {plan.source}"
+                data, origin = received, f"received from rank {plan.source}"
         assert data is not None
-        return data, "local copy"
+        # A replaced pod's volume lacks the step, and a holder's copy may have been rotated away meanwhile by a
+        # stale writer that counted its own late checkpoint: the volume holds it again and can serve it next time.
+        if self.is_writer and plan.step not in self.storage.committed_steps():
+            meta = {"world_size": data["world_size"], fencing.INCARNATION: self.incarnation}
+            self.storage.write(plan.step, data, meta)
+            self._purge(protect=plan.step)
+        return data, origin
 
     def _restore(self, step: int, data: dict[str, Any]) -> None:
         _unwrap(self._model).load_state_dict(data["model"])

@@ -2,7 +2,8 @@
 
 A folder is written under a temporary name (payload -> fsync -> marker with the payload's SHA-256 -> fsync ->
 rename -> fsync of the parent), so a crash at any instant leaves either the complete folder or none; a folder without
-its marker, or whose payload no longer matches the marker's digest, is never loaded.
+its marker, or whose payload no longer matches the marker's digest, is never loaded. The ``fence`` folder beside them
+holds the fencing records (see fencing), one small file each.
 """
 
 from __future__ import annotations
@@ -15,12 +16,14 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+
+from ddpjob_worker.fencing import FENCE_DIR, Fence, parse_record_name, record_name
 
 #: The completion marker; its presence is what makes a step folder a checkpoint.
 MARKER = "COMPLETE.json"
@@ -50,20 +53,35 @@ class Storage(Protocol):
         """Steps that have a completion marker, newest first (not yet verified)."""
         ...
 
-    def write(self, step: int, state: Mapping[str, Any], meta: Mapping[str, Any]) -> Manifest:
-        """Serialize ``state`` as checkpoint ``step`` atomically; a crash inside leaves no ``step`` visible."""
+    def write(self, step: int, state: Mapping[str, Any], meta: Mapping[str, Any], *,
+              before_commit: Callable[[], None] | None = None) -> Manifest:
+        """Serialize ``state`` as checkpoint ``step`` atomically; a crash inside leaves no ``step`` visible, and so
+        does an exception from ``before_commit`` (called when everything but the commit is done)."""
+        ...
+
+    def read_manifest(self, step: int) -> Manifest:
+        """The parsed completion marker of ``step``."""
         ...
 
     def read(self, step: int, map_location: Any, *, verify: bool) -> dict[str, Any]:
         """Load checkpoint ``step``; with ``verify``, raise CorruptCheckpoint unless its checksum matches."""
         ...
 
-    def quarantine(self, step: int, reason: str) -> None:
-        """Move a bad checkpoint aside (kept for inspection, never loaded again)."""
+    def quarantine(self, step: int, reason: str, *, label: str = "corrupt") -> None:
+        """Move a bad checkpoint aside as ``<label>-step-N-<time>`` (kept for inspection, never loaded again)."""
         ...
 
-    def purge(self, keep: int, protect: int | None = None) -> list[int]:
-        """Delete all but the newest ``keep`` checkpoints (never ``protect``) and leftovers of crashed saves."""
+    def purge(self, keep: int, protect: int | None = None, valid: Callable[[int], bool] | None = None) -> list[int]:
+        """Delete all but the newest ``keep`` checkpoints (never ``protect``) and leftovers of crashed saves; steps
+        that ``valid`` rejects neither count towards ``keep`` nor are deleted."""
+        ...
+
+    def fences(self) -> list[Fence]:
+        """The fence records this storage holds (see fencing), lowest incarnation first."""
+        ...
+
+    def add_fence(self, fence: Fence) -> None:
+        """Store a fence record durably; storing one that exists changes nothing."""
         ...
 
     def volume_id(self) -> str:
@@ -171,7 +189,8 @@ class LocalStorage:
                 steps.append(int(name[len(_STEP_PREFIX):]))
         return sorted(steps, reverse=True)
 
-    def write(self, step: int, state: Mapping[str, Any], meta: Mapping[str, Any]) -> Manifest:
+    def write(self, step: int, state: Mapping[str, Any], meta: Mapping[str, Any], *,
+              before_commit: Callable[[], None] | None = None) -> Manifest:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".tmp-{_STEP_PREFIX}{step}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
@@ -200,6 +219,8 @@ class LocalStorage:
                 f.flush()
                 os.fsync(f.fileno())
             _fsync_dir(tmp)
+            if before_commit is not None:
+                before_commit()
             final = self._step_dir(step)
             if final.exists():  # the same step saved again (e.g. after a fallback): replace it atomically enough
                 old = self.root / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
@@ -261,15 +282,16 @@ class LocalStorage:
                 raise CorruptCheckpoint(result[0] if result else "verification did not finish")
         return data
 
-    def quarantine(self, step: int, reason: str) -> None:
+    def quarantine(self, step: int, reason: str, *, label: str = "corrupt") -> None:
         src = self._step_dir(step)
-        dst = self.root / f"corrupt-{src.name}-{int(time.time())}"
+        dst = self.root / f"{label}-{src.name}-{int(time.time())}"
         with contextlib.suppress(FileNotFoundError):
             src.rename(dst)
             (dst / "REASON.txt").write_text(reason + "\n")
 
-    def purge(self, keep: int, protect: int | None = None) -> list[int]:
-        steps = self.committed_steps()
+    def purge(self, keep: int, protect: int | None = None, valid: Callable[[int], bool] | None = None) -> list[int]:
+        # A stale checkpoint (fenced) must not push a valid one out; resume sets it aside with its reason.
+        steps = [step for step in self.committed_steps() if valid is None or valid(step)]
         # The step just written stays even when older runs left higher step numbers behind.
         kept = {protect} if protect in steps else set()
         for step in steps:
@@ -299,6 +321,32 @@ class LocalStorage:
         finally:
             candidate.unlink(missing_ok=True)
         return path.read_text().strip()
+
+    def fences(self) -> list[Fence]:
+        directory = self.root / FENCE_DIR
+        if not directory.is_dir():
+            return []
+        found = [fence for entry in directory.iterdir() if (fence := parse_record_name(entry.name)) is not None]
+        return sorted(found, key=lambda fence: fence.incarnation)
+
+    def add_fence(self, fence: Fence) -> None:
+        directory = self.root / FENCE_DIR
+        directory.mkdir(parents=True, exist_ok=True)
+        # Written aside, then linked into place: the record appears whole or not at all (link is atomic on NFS too),
+        # and a record of that name already there is the same record, since the name is the record.
+        candidate = directory / f".tmp-{uuid.uuid4().hex}"
+        try:
+            with open(candidate, "w") as f:
+                json.dump({"incarnation": fence.incarnation, "resumed_from": fence.resumed_from,
+                           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f)
+                f.flush()
+                os.fsync(f.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(candidate, directory / record_name(fence))
+        finally:
+            candidate.unlink(missing_ok=True)
+        _fsync_dir(directory)
+        _fsync_dir(self.root)
 
     def _leftovers(self) -> Iterator[Path]:
         # Only one rank writes to a volume and only one save runs at a time, so at purge time every temporary
