@@ -43,7 +43,7 @@ lint: venv ## ruff and mypy
 .PHONY: cluster-up
 cluster-up: venv tools ## Start the local control plane in .cluster/; the last line is `export KUBECONFIG=...`
 	@$(if $(filter real,$(NODE)),$(MAKE) --no-print-directory node-tools)
-	@$(PY) -m tests.cluster up --dir $(CLUSTER_DIR) $(if $(filter real,$(NODE)),--real-node)
+	@$(PY) -m tests.cluster up --dir $(CLUSTER_DIR) $(if $(filter real,$(NODE)),--real-node --nodes $(NODES))
 
 .PHONY: cluster-down
 cluster-down: ## Stop the local control plane and remove its state (no process or port left)

@@ -18,11 +18,13 @@ def main() -> int:
         "--real-node", action="store_true",
         help="also run a real node: containerd, kubelet, kube-proxy, CoreDNS (root; see docs/real-node.md)",
     )
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="with --real-node: how many real nodes (1.. in network namespaces; docs/real-node.md)")
     args = parser.parse_args()
     if args.command == "up":
         t0 = time.monotonic()
         try:
-            state = up(args.dir, real_node=args.real_node)
+            state = up(args.dir, real_node=args.real_node, nodes=args.nodes)
         except StartError as err:
             print(f"cluster-up failed: {err}", file=sys.stderr)
             return 1

@@ -195,11 +195,12 @@ status:
 """
 
 
-def up(directory: Path, real_node: bool = False) -> ClusterState:
+def up(directory: Path, real_node: bool = False, nodes: int = 1) -> ClusterState:
     """Start the control plane in `directory` (created if needed); on any failure, undo what was started.
 
     real_node: also run a real node (tests/cluster/node.py): the apiserver then binds and advertises the node's
-    bridge address so pods reach it through the `kubernetes` Service."""
+    bridge address so pods reach it through the `kubernetes` Service. nodes: how many real nodes (node 1.. each in
+    its own network namespace, tests/cluster/netnodes.py)."""
     t0 = time.monotonic()
     directory = directory.resolve()
     if (old := ClusterState.load(directory)) is not None:
@@ -212,7 +213,7 @@ def up(directory: Path, real_node: bool = False) -> ClusterState:
         if real_node:
             from tests.cluster import node
 
-            host = node.prepare(directory, t0)
+            host = node.prepare(directory, t0, nodes)
         _up(state, t0, host)
         if real_node:
             node.start(state, t0)
@@ -291,6 +292,8 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
         "--use-service-account-credentials=true", "--controllers=*",
         # In-tree dynamic provisioning for the default StorageClass below: PVCs bind without a CSI driver.
         "--enable-hostpath-provisioner=true",
+        # Real nodes renew their lease every 2 s (hack/node/kubelet.yaml): a lost one is NotReady after 16 s, not 50.
+        *(["--node-monitor-grace-period=16s", "--node-monitor-period=2s"] if real else []),
         f"--service-cluster-ip-range={SERVICE_CIDR}", "--kube-api-qps=200", "--kube-api-burst=400",
         "--v=1",
     ])

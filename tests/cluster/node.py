@@ -13,17 +13,17 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from string import Template
-from typing import IO
 
 from tests.cluster import controlplane as cp
+from tests.cluster import netnodes
 from tests.cluster import node_host as h
 from tests.cluster.controlplane import ClusterState, StartError
 
@@ -58,15 +58,29 @@ class NodeState:
     dir: str
     pids: dict[str, int] = field(default_factory=dict)
     sysctls: dict[str, str] = field(default_factory=dict)
-    created: list[str] = field(default_factory=list)  # "bridge", "lock", "dir:<path>", "cgroup:<name>"
+    created: list[str] = field(default_factory=list)  # "bridge", "lock", "dir:<path>", "cgroup:<name>", netnodes'
+    nodes: int = 1
+    argv: dict[str, list[str]] = field(default_factory=dict)  # how each process started, to start it again
+    ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def node_dir(self) -> Path:
         return Path(self.dir) / "node"
 
+    def dir_of(self, k: int) -> Path:
+        """Node 0 keeps the single-node layout; node K's files live below it (one unmount/rmtree covers all)."""
+        return self.node_dir / f"n{k}" if k else self.node_dir
+
+    def socket_of(self, k: int) -> Path:
+        # Node K's is one level up: sun_path holds 108 bytes, and pytest's directories are long already.
+        return self.dir_of(k) / ("containerd.sock" if k else "containerd/containerd.sock")
+
     @property
     def socket(self) -> Path:
-        return self.node_dir / "containerd" / "containerd.sock"
+        return self.socket_of(0)
+
+    def name_of(self, k: int) -> str:
+        return netnodes.name(k) if k else NODE_NAME
 
     def save(self) -> None:
         (self.node_dir / "state.json").write_text(json.dumps(asdict(self), indent=2))
@@ -120,8 +134,9 @@ def _take_lock(directory: Path, t0: float) -> None:
     LOCK.write_text(f"{directory}\n")
 
 
-def prepare(directory: Path, t0: float) -> str:
-    """Before the control plane: host checks, the lock, snapshots of iptables and sysctls, the bridge.
+def prepare(directory: Path, t0: float, nodes: int = 1) -> str:
+    """Before the control plane: host checks, the lock, snapshots of iptables and sysctls, the bridge (and, for
+    `nodes` > 1, the network namespaces of nodes 1..; tests/cluster/netnodes.py).
     Returns the address the apiserver must bind and advertise."""
     _check_host()
     for name in ("kubelet", "kube-proxy", "coredns"):
@@ -133,9 +148,12 @@ def prepare(directory: Path, t0: float) -> str:
     # A PKI made for a loopback-only cluster lacks the node IP in the apiserver's SANs; make a new one.
     if crt.exists() and NODE_IP not in h.run("openssl", "x509", "-in", str(crt), "-noout", "-ext", "subjectAltName"):
         shutil.rmtree(pki)
-    ns = NodeState(dir=str(directory))
-    if len(str(ns.socket)) > 100:  # sun_path holds 108 bytes
-        raise StartError(f"{ns.socket} is too long for a unix socket path; use a shorter cluster directory")
+    if nodes < 1:
+        raise StartError(f"nodes must be at least 1, not {nodes}")
+    ns = NodeState(dir=str(directory), nodes=nodes)
+    longest = max((ns.socket_of(k) for k in range(nodes)), key=lambda p: len(str(p)))
+    if len(str(longest)) > 100:  # sun_path holds 108 bytes
+        raise StartError(f"{longest} is too long for a unix socket path; use a shorter cluster directory")
     _take_lock(directory, t0)
     ns.created.append("lock")
     ns.sysctls = {k: v for k in SYSCTLS if (v := h.sysctl(k)) is not None}
@@ -151,61 +169,40 @@ def prepare(directory: Path, t0: float) -> str:
     ns.save()
     cp.log(f"real node: bridge {BRIDGE} {NODE_IP}, iptables forward rules", t0)
     h.run("ip", "link", "add", BRIDGE, "type", "bridge")
-    h.run("ip", "addr", "add", f"{NODE_IP}/16", "dev", BRIDGE)
+    # With more nodes node 0's pods get 10.88.0.0/24 and node K's 10.88.K.0/24, routed through the host.
+    h.run("ip", "addr", "add", f"{NODE_IP}/{24 if nodes > 1 else 16}", "dev", BRIDGE)
     h.run("ip", "link", "set", BRIDGE, "up")
     h.sysctl("net/ipv4/ip_forward", "1")
     # Bridged pod-to-pod traffic passes FORWARD (br_netfilter), where dockerd may have set policy DROP: accept it.
     # Pods get no route off this machine: with ip_forward on, anything else they send would leave via eth0.
     for rule in (["-j", "DROP"], ["-o", BRIDGE, "-j", "ACCEPT"]):  # each -I goes on top: ACCEPT ends up first
         h.run("iptables", "-I", "FORWARD", "-i", BRIDGE, *rule, "-m", "comment", "--comment", COMMENT)
+    if nodes > 1:
+        cp.log(f"real nodes 1..{nodes - 1}: network namespaces, veths on {netnodes.HOST_BRIDGE}, routes", t0)
+        netnodes.network(nodes, ns.created, ns.save)
     return NODE_IP
 
 
 def start(state: ClusterState, t0: float) -> None:
-    """After the control plane: containerd, images, kubelet, kube-proxy, CoreDNS, DNS Service, local PVs."""
+    """After the control plane: per node containerd, images, kubelet, kube-proxy; then CoreDNS, the DNS Service and
+    local PVs that every node can mount (they are directories on this one machine)."""
     d = Path(state.dir)
     ns = NodeState.load(d)
     assert ns is not None, "prepare() first"
     nd = ns.node_dir
-    for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "volume-plugins", "volumes"):
-        (nd / sub).mkdir(parents=True, exist_ok=True)
-    bins = {n: str(_node_tool(n)) for n in ("kubelet", "kube-proxy", "coredns")}
-    kubeconfig = str(state.kubeconfig)
-
     cp.log("real node: images (pause, probe)", t0)
     cache = Path(os.environ.get("DDPJOB_CACHE", Path.home() / ".cache" / "ddpjob"))
     images = Path(h.run(str(TEMPLATES / "build-images.sh"), str(cache / "images")).strip().splitlines()[-1])
-
-    cp.log("real node: containerd", t0)
-    cd = nd / "containerd"
-    _render("containerd.toml", cd / "config.toml", root=cd / "root", state=cd / "state", socket=ns.socket,
-            opt=cd / "opt", pause_image=PAUSE_IMAGE, runc_root=cd / "runc", cni_conf_dir=nd / "cni/net.d")
-    _render("cni.conflist", nd / "cni/net.d/10-ddpjob.conflist", bridge=BRIDGE, ipam_dir=nd / "cni/ipam",
-            pod_cidr=POD_CIDR, node_ip=NODE_IP, range_start="10.88.0.10")
-    containerd = _spawn(state, ns, "containerd", ["containerd", "--config", str(cd / "config.toml")])
-    cp._wait("containerd", containerd, lambda: bool(_ctr(ns, "version")), state)
-    import_images(d, [images / "pause.tar", images / "probe.tar"])
-
-    cp.log("real node: kubelet, kube-proxy, coredns", t0)
     (nd / "resolv.conf").write_text(f"nameserver {NODE_IP}\n")
-    kubelet_cfg = _render(
-        "kubelet.yaml", nd / "kubelet.yaml", socket=ns.socket, node_ip=NODE_IP, healthz_port=cp.free_port(),
-        ca=d / "pki" / "ca.crt", dns_ip=DNS_IP, resolv_conf=nd / "resolv.conf", pod_logs=nd / "pod-logs",
-        volume_plugin_dir=nd / "volume-plugins",
-    )
-    kubelet = _spawn(state, ns, "kubelet", [
-        bins["kubelet"], f"--config={kubelet_cfg}", f"--kubeconfig={kubeconfig}", f"--root-dir={nd / 'kubelet'}",
-        f"--node-ip={NODE_IP}", f"--hostname-override={NODE_NAME}", f"--node-labels={LABEL}=true",
-        # A negative OOM score needs CAP_SYS_RESOURCE, which this VM lacks.
-        "--oom-score-adj=0", "--v=1",
-    ])
-    proxy_health = cp.free_port()
-    proxy_cfg = _render("kube-proxy.yaml", nd / "kube-proxy.yaml", kubeconfig=kubeconfig, node_name=NODE_NAME,
-                        pod_cidr=POD_CIDR, node_ip=NODE_IP, healthz_port=proxy_health, metrics_port=cp.free_port())
-    proxy = _spawn(state, ns, "kube-proxy", [bins["kube-proxy"], f"--config={proxy_cfg}", "--v=1"])
+    (nd / "volumes").mkdir(parents=True, exist_ok=True)
+    for k in range(ns.nodes):
+        cp.log(f"real node {ns.name_of(k)}: containerd, kubelet, kube-proxy", t0)
+        _start_node(state, ns, k, [images / "pause.tar", images / "probe.tar"])
+    kubeconfig = str(state.kubeconfig)
     corefile = _render("Corefile", nd / "Corefile", node_ip=NODE_IP, kubeconfig=kubeconfig)
-    coredns = _spawn(state, ns, "coredns", [bins["coredns"], "-conf", str(corefile)])
+    coredns = _spawn(state, ns, "coredns", [str(_node_tool("coredns")), "-conf", str(corefile)])
 
+    names = [ns.name_of(k) for k in range(ns.nodes)]
     manifests = [_render("cluster.yaml", nd / "cluster.yaml", dns_ip=DNS_IP, node_ip=NODE_IP,
                          node_name=NODE_NAME, storage_class=STORAGE_CLASS,
                          apiserver_port=state.ports["apiserver"]).read_text()]
@@ -213,27 +210,78 @@ def start(state: ClusterState, t0: float) -> None:
         path = nd / "volumes" / f"pv-{i}"
         path.mkdir(exist_ok=True)
         manifests.append(Template((TEMPLATES / "pv.yaml").read_text()).substitute(
-            name=f"{NODE_NAME}-pv-{i}", storage_class=STORAGE_CLASS, path=path, node_name=NODE_NAME))
+            name=f"{NODE_NAME}-pv-{i}", storage_class=STORAGE_CLASS, path=path, node_names=", ".join(names)))
     # One default class: ddpjob-local (hack/node/cluster.yaml says why) replaces the hostPath `standard`.
     cp._kubectl(state, "annotate", "storageclass", "standard", "--overwrite",
                 "storageclass.kubernetes.io/is-default-class=false")
     cp._kubectl(state, "apply", "-f", "-", stdin="\n---\n".join(manifests))
-
-    ready = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
-    cp._wait("kubelet", kubelet, lambda: cp._kubectl(state, "get", "node", NODE_NAME, "-o", ready) == "True",
-             state, 120)
-    cp._wait("kube-proxy", proxy, lambda: cp._insecure_ok(f"http://127.0.0.1:{proxy_health}/healthz"), state, 60)
+    netnodes.wait_nodes_ready(state, names)
+    for k in range(ns.nodes):
+        health = f"http://{netnodes.node_ip(k) if k else '127.0.0.1'}:{ns.ports[f'kube-proxy-{k}']}/healthz"
+        cp._wait("kube-proxy", _PROCS[_named("kube-proxy", k)], partial(cp._insecure_ok, health), state, 60)
     cp._wait("coredns", coredns, lambda: _tcp_ok(NODE_IP, 53), state)
     # Untainted kwok nodes would take Deployments (the operator) and fake-run them; real-node e2e wants real pods.
     cp._kubectl(state, "taint", "nodes", "-l", "type=kwok", "kwok.x-k8s.io/node=fake:NoSchedule", "--overwrite")
-    cp.log(f"real node {NODE_NAME} ready ({NODE_IP}); kwok nodes tainted kwok.x-k8s.io/node=fake:NoSchedule", t0)
+    cp.log(f"real nodes {', '.join(names)} ready; kwok nodes tainted kwok.x-k8s.io/node=fake:NoSchedule", t0)
 
 
-def _spawn(state: ClusterState, ns: NodeState, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+def _named(process: str, k: int) -> str:
+    return f"{process}-{k}" if k else process
+
+
+def _start_node(state: ClusterState, ns: NodeState, k: int, images: list[Path]) -> None:
+    """containerd (with the small images), kubelet and kube-proxy of node k; node K>0 in its network namespace."""
+    nd = ns.dir_of(k)
+    for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "volume-plugins"):
+        (nd / sub).mkdir(parents=True, exist_ok=True)
+    multi = ns.nodes > 1
+    ip = netnodes.node_ip(k) if k else NODE_IP
+    cd = nd / "containerd"
+    _render("containerd.toml", cd / "config.toml", root=cd / "root", state=cd / "state", socket=ns.socket_of(k),
+            opt=cd / "opt", pause_image=PAUSE_IMAGE, runc_root=cd / "runc", cni_conf_dir=nd / "cni/net.d")
+    gateway = netnodes.pod_gateway(k) if multi else NODE_IP
+    _render("cni.conflist", nd / "cni/net.d/10-ddpjob.conflist", bridge=BRIDGE, ipam_dir=nd / "cni/ipam",
+            pod_cidr=netnodes.pod_cidr(k) if multi else POD_CIDR, node_ip=gateway,
+            range_start=gateway.rsplit(".", 1)[0] + ".10")
+    _spawn(state, ns, _named("containerd", k), ["containerd", "--config", str(cd / "config.toml")], k)
+    cp._wait("containerd", _PROCS[_named("containerd", k)], lambda: bool(_ctr(ns, "version", node=k)), state)
+    for tar in images:
+        _ctr(ns, "images", "import", "--no-unpack", str(tar), node=k)
+    ns.ports[f"kube-proxy-{k}"] = cp.free_port()
+    kubelet_cfg = _render(
+        "kubelet.yaml", nd / "kubelet.yaml", socket=ns.socket_of(k), node_ip=ip, healthz_port=cp.free_port(),
+        ca=Path(state.dir) / "pki" / "ca.crt", dns_ip=DNS_IP, resolv_conf=ns.node_dir / "resolv.conf",
+        pod_logs=nd / "pod-logs", volume_plugin_dir=nd / "volume-plugins",
+        cgroup_root=f"/{netnodes.name(k)}" if k else "/",
+    )
+    labels = f"{LABEL}=true,{LABEL}-index={k}" + (f",{netnodes.LABEL}=true" if k else "")
+    _spawn(state, ns, _named("kubelet", k), [
+        str(_node_tool("kubelet")), f"--config={kubelet_cfg}", f"--kubeconfig={state.kubeconfig}",
+        f"--root-dir={nd / 'kubelet'}", f"--node-ip={ip}", f"--hostname-override={ns.name_of(k)}",
+        f"--node-labels={labels}",
+        # A negative OOM score needs CAP_SYS_RESOURCE, which this VM lacks.
+        "--oom-score-adj=0", "--v=1",
+    ], k)
+    proxy_cfg = _render("kube-proxy.yaml", nd / "kube-proxy.yaml", kubeconfig=state.kubeconfig,
+                        node_name=ns.name_of(k), pod_cidr=POD_CIDR, node_ip=ip,
+                        # Node K's loopback is its netns's own: its health port must be on its address.
+                        health_host=ip if k else "127.0.0.1", healthz_port=ns.ports[f"kube-proxy-{k}"],
+                        metrics_port=cp.free_port())
+    _spawn(state, ns, _named("kube-proxy", k), [str(_node_tool("kube-proxy")), f"--config={proxy_cfg}", "--v=1"], k)
+
+
+def _spawn(state: ClusterState, ns: NodeState, name: str, argv: list[str], k: int = 0) -> subprocess.Popen[bytes]:
+    argv = netnodes.in_netns(k, argv) if k else argv
     proc = cp._start(state, name, argv)  # also in the control plane's state, so its `down` would kill it too
     ns.pids[name] = proc.pid
+    ns.argv[name] = argv
     ns.save()
+    _PROCS[name] = proc
     return proc
+
+
+#: Processes this Python process started (for cp._wait, which watches a Popen); keyed like NodeState.pids.
+_PROCS: dict[str, subprocess.Popen[bytes]] = {}
 
 
 def _tcp_ok(host: str, port: int) -> bool:
@@ -241,12 +289,12 @@ def _tcp_ok(host: str, port: int) -> bool:
     return True
 
 
-def _ctr_argv(ns: NodeState, *args: str) -> list[str]:
-    return ["ctr", "--address", str(ns.socket), "--namespace", "k8s.io", *args]
+def _ctr_argv(ns: NodeState, *args: str, node: int = 0) -> list[str]:
+    return ["ctr", "--address", str(ns.socket_of(node)), "--namespace", "k8s.io", *args]
 
 
-def _ctr(ns: NodeState, *args: str, check: bool = True) -> str:
-    return h.run(*_ctr_argv(ns, *args), check=check)
+def _ctr(ns: NodeState, *args: str, check: bool = True, node: int = 0) -> str:
+    return h.run(*_ctr_argv(ns, *args, node=node), check=check)
 
 
 def _state(directory: Path) -> NodeState:
@@ -256,80 +304,65 @@ def _state(directory: Path) -> NodeState:
     return ns
 
 
-def import_images(directory: Path, tarballs: list[Path]) -> None:
-    """Import `docker save` / docker-archive tarballs into the real node's containerd (k8s.io namespace)."""
-    ns = _state(directory)
-    for tar in tarballs:
-        _ctr(ns, "images", "import", "--no-unpack", str(tar))
-
-
-def import_unpacked(directory: Path, image: str, archive: IO[bytes]) -> int:
-    """Import a `docker save` stream, unpack it into the overlayfs snapshotter now, then delete its layer blobs:
-    the snapshots are all a container needs, and keeping both would hold a 6 GB image twice on a disk whose
-    running low makes the kubelet evict pods and images (docs/e2e.md). Returns the bytes of blobs discarded.
-    containerd 1.6 (Debian's) has no `discard_unpacked_layers` for imports, so this is what that option does."""
-    ns = _state(directory)
-    proc = subprocess.run(_ctr_argv(ns, "images", "import", "-"), stdin=archive, capture_output=True, text=True,
-                          check=False)
-    if proc.returncode != 0:
-        raise StartError(f"ctr images import {image} failed ({proc.returncode}): {proc.stderr.strip()}")
-    ref = _normalized(image)
-    # `images check` columns: REF TYPE DIGEST STATUS SIZE UNPACKED; unpacked is what makes the blobs redundant.
-    row = next((line.split() for line in _ctr(ns, "images", "check", f"name=={ref}").splitlines()[1:]
-                if line.split()[:1] == [ref]), None)
-    if row is None or row[-1] != "true":
-        raise StartError(f"{ref} is not unpacked after import: {row}")
-    layers = _layer_blobs(ns, row[2])
-    if layers:
-        _ctr(ns, "content", "rm", *layers)
-    return sum(layers.values())
-
-
-def _normalized(image: str) -> str:
-    """The name containerd stores for a `docker save` of `image` (Docker's reference normalization)."""
-    first, _, rest = image.partition("/")
-    if not rest:
-        return f"docker.io/library/{image}"
-    return image if "." in first or ":" in first or first == "localhost" else f"docker.io/{image}"
-
-
-def _layer_blobs(ns: NodeState, digest: str) -> dict[str, int]:
-    """Layer digest -> size under a manifest or index (docker save writes either, by Docker version)."""
-    doc = json.loads(_ctr(ns, "content", "get", digest))
-    if "manifests" in doc:  # an index: its manifests whose content is here (other platforms were not imported)
-        here = set(_ctr(ns, "content", "ls", "-q").split())
-        return {k: v for m in doc["manifests"] if m["digest"] in here for k, v in _layer_blobs(ns, m["digest"]).items()}
-    return {layer["digest"]: int(layer["size"]) for layer in doc.get("layers", [])}
-
-
 def _leftover_pids(ns: NodeState) -> set[int]:
-    """Shims of *our* containerd (they re-parent to init, so killpg misses them) and anything in a kubepods cgroup."""
-    found = set()
+    """Shims of *our* containerds (they re-parent to init, so killpg misses them) and anything in a kubepods cgroup
+    (node 0's at the root, node K's below /ddpjob-node-K)."""
+    found = netnodes.leftover_pids(ns.created)
+    sockets = [str(ns.socket_of(k)).encode() for k in range(ns.nodes)]
     for proc in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
         with contextlib.suppress(OSError):
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            shim = argv[0].endswith(b"containerd-shim-runc-v2") and str(ns.socket).encode() in argv
+            shim = argv[0].endswith(b"containerd-shim-runc-v2") and any(s in argv for s in sockets)
             if shim or ("lock" in ns.created and ":/kubepods" in (proc / "cgroup").read_text()):
                 found.add(int(proc.name))
     return found
 
 
+def _is_shim_of(pid: int, sock: bytes) -> bool:
+    with contextlib.suppress(OSError):
+        return sock in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return False
+
+
+def _in_cgroup(pid: int, k: int) -> bool:
+    with contextlib.suppress(OSError):
+        return f":/{netnodes.name(k)}/" in Path(f"/proc/{pid}/cgroup").read_text()
+    return False
+
+
+def stop_node(ns: NodeState, k: int, *, kill: bool = False) -> None:
+    """Stop node k's kubelet, kube-proxy and containerd. kill=True is a power cut: SIGKILL, and its containers'
+    processes die with it; otherwise containers are deleted through containerd first."""
+    names = [_named(n, k) for n in ("kubelet", "kube-proxy")]
+    pids = [ns.pids[n] for n in names if n in ns.pids]
+    containerd = ns.pids.get(_named("containerd", k))
+    if kill:
+        if k == 0:
+            raise StartError("node 0 holds the control plane's address and cannot be powered off; use node 1..")
+        netnodes.kill_pids({*pids, *([containerd] if containerd else [])})
+        mine = NodeState(dir=ns.dir, nodes=k + 1, created=[f"cgroup-root:{netnodes.name(k)}"])
+        sock = str(ns.socket_of(k)).encode()
+        netnodes.kill_pids({p for p in _leftover_pids(mine) if _is_shim_of(p, sock) or _in_cgroup(p, k)})
+        return
+    h.stop_pids(pids)
+    if containerd and h.running(containerd) and ns.socket_of(k).exists():
+        for cid in _ctr(ns, "tasks", "ls", "-q", check=False, node=k).split():  # -f: SIGKILL, then delete
+            _ctr(ns, "tasks", "delete", "-f", cid, check=False, node=k)
+    if containerd:
+        h.stop_pids([containerd])
+
+
 def stop(directory: Path) -> None:
-    """Stop the node's processes and containers and unmount what they mounted (idempotent)."""
+    """Stop every node's processes and containers and unmount what they mounted (idempotent)."""
     ns = NodeState.load(directory.resolve())
     if ns is None:
         return
-    # The kubelet first (with the rest, in parallel): it would restart containers we kill.
-    h.stop_pids([ns.pids[name] for name in ("coredns", "kube-proxy", "kubelet") if name in ns.pids])
-    if "containerd" in ns.pids and h.running(ns.pids["containerd"]) and ns.socket.exists():
-        for cid in _ctr(ns, "tasks", "ls", "-q", check=False).split():  # -f: SIGKILL, then delete
-            _ctr(ns, "tasks", "delete", "-f", cid, check=False)
-    if "containerd" in ns.pids:
-        h.stop_pids([ns.pids["containerd"]])
+    # The kubelets first (with the rest, in parallel): they would restart containers we kill.
+    h.stop_pids([ns.pids[n] for n in ns.pids if n.startswith(("coredns", "kube-proxy", "kubelet"))])
+    for k in range(ns.nodes):
+        stop_node(ns, k)
     # Anything still running in a pod (a shim that outlived containerd, its container) dies by PID.
-    for pid in _leftover_pids(ns):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    netnodes.kill_pids(_leftover_pids(ns))
     time.sleep(0.2)
     h.unmount_under(ns.node_dir)
 
@@ -346,11 +379,13 @@ def down(directory: Path, *, quiet: bool = False) -> None:
         for line in h.run("ip", "-o", "link", "show", "master", BRIDGE, check=False).splitlines():
             h.run("ip", "link", "del", line.split(":")[1].strip().split("@")[0], check=False)
         h.run("ip", "link", "del", BRIDGE, check=False)
+    netnodes.remove_network(ns.created)
     for cmd in ("iptables", "ip6tables"):
         h.iptables_undo(cmd, nd / f"{cmd}.before")
     h.nft_undo(nd / "nft.before")
     for flag in ("-s", "-d"):  # NAT and connection-tracking state of pod and node-address flows
-        h.run("conntrack", "-D", flag, POD_CIDR, check=False)
+        for cidr in (POD_CIDR, f"{netnodes.HOST_IP}/24"):
+            h.run("conntrack", "-D", flag, cidr, check=False)
     for key, value in ns.sysctls.items():
         if h.sysctl(key) != value:
             h.sysctl(key, value)
@@ -364,7 +399,8 @@ def down(directory: Path, *, quiet: bool = False) -> None:
             # Only if empty: dockerd's own containerd may keep its shim sockets in /run/containerd/s too.
             with contextlib.suppress(OSError):
                 os.rmdir(item[4:])
-    for sub in ("containerd", "kubelet", "cni", "volumes", "pod-logs", "volume-plugins"):
+    for sub in ("containerd", "kubelet", "cni", "volumes", "pod-logs", "volume-plugins",
+                *(f"n{k}" for k in range(1, ns.nodes))):
         shutil.rmtree(nd / sub, ignore_errors=True)
     if "lock" in ns.created and LOCK.exists() and LOCK.read_text().strip() == str(directory):
         LOCK.unlink()

@@ -15,6 +15,9 @@ from tests.conftest import Cluster, live_kubeconfig
 from tests.e2e.hostcheck import HostSnapshot
 
 REAL_NODE_LABEL = "ddpjob.io/real-node"
+#: Real nodes of the session's own cluster: node 0 for the operator, three for the node-fault tests
+#: (tests/e2e/test_nodes.py: two workers on two nodes, a third for the replacement).
+E2E_NODES = int(os.environ.get("DDPJOB_E2E_NODES", "4"))
 
 
 @pytest.fixture(scope="session")
@@ -30,7 +33,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     directory = tmp_path_factory.mktemp("cluster")
     before = HostSnapshot.take(directory)
     try:
-        state = up(directory, real_node=True)
+        state = up(directory, real_node=True, nodes=E2E_NODES)
     except Exception as err:
         pytest.fail(f"could not start the local cluster with a real node: {err}", pytrace=False)
     try:
@@ -67,7 +70,9 @@ def env(cluster: Cluster) -> Iterator[Any]:
         t.import_images(cluster_dir, images)
     else:
         pytest.fail(f"no KUBECONFIG given and {cluster_dir} has no real node to import images into")
-    t.helm_install_operator(cluster)
+    # Keep the operator on node 0 where there are more nodes: the node-fault tests take nodes 1.. down.
+    node0 = cluster.kubectl("get", "nodes", "-l", f"{REAL_NODE_LABEL}-index=0", "-o", "name").stdout.strip()
+    t.helm_install_operator(cluster, {f"{REAL_NODE_LABEL}-index": "0"} if node0 else None)
     try:
         yield Env(cluster, real_node_selector(cluster))
     finally:

@@ -1,5 +1,6 @@
 """What a real node leaves on the host, to prove `down` removed it: processes and mounts that name the cluster
-directory, network links (cni0, veths), iptables rules and chains, kubepods cgroups, pod netns, the lock file."""
+directory, network links (cni0, ddpjob0, veths), routes to pod subnets, iptables rules and chains, kubepods and
+per-node cgroup trees, the nodes' network namespaces, the lock file."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ def _iptables(cmd: str) -> frozenset[str]:
         elif line.startswith(":") and line[1:].split()[0] not in builtin:
             items.add(f"{cmd} {table} chain {line[1:].split()[0]}")
     # Only what a real node could have added: dockerd (another helper's) may change its own rules meanwhile.
-    return frozenset(i for i in items if any(m in i for m in ("KUBE-", "CNI-", "ddpjob", "10.88.")))
+    return frozenset(i for i in items if any(m in i for m in ("KUBE-", "CNI-", "ddpjob", "10.88.", "10.89.")))
 
 
 def _links() -> frozenset[str]:
@@ -34,8 +35,8 @@ def _links() -> frozenset[str]:
     found = set()
     for line in out.splitlines():
         name = line.split(":")[1].strip().split("@")[0]
-        ours = "master" not in line or "master cni0" in line
-        if name == "cni0" or (name.startswith("veth") and ours):
+        ours = "master" not in line or "master cni0" in line or "master ddpjob0" in line
+        if name in ("cni0", "ddpjob0") or (name.startswith(("veth", "ddpv")) and ours):
             found.add(name)
     return frozenset(found)
 
@@ -61,6 +62,8 @@ class HostSnapshot:
     links: frozenset[str]
     iptables: frozenset[str]
     cgroups: frozenset[str]
+    netns: frozenset[str]
+    routes: frozenset[str]
     lock: bool
 
     @classmethod
@@ -74,7 +77,13 @@ class HostSnapshot:
             mounts=mounts,
             links=_links(),
             iptables=_iptables("iptables") | _iptables("ip6tables"),
-            cgroups=frozenset(str(p) for p in Path("/sys/fs/cgroup").glob("*/kubepods")),
+            cgroups=frozenset(str(p) for pattern in ("*/kubepods", "*/ddpjob-node-*")
+                              for p in Path("/sys/fs/cgroup").glob(pattern)),
+            netns=frozenset(p.name for p in Path("/run/netns").glob("*")) if Path("/run/netns").is_dir()
+            else frozenset(),
+            routes=frozenset(ln for ln in subprocess.run(["ip", "route"], capture_output=True, text=True,
+                                                         check=False).stdout.splitlines()
+                             if ln.startswith(("10.88.", "10.89."))),
             lock=Path("/run/ddpjob-real-node.lock").exists(),
         )
 
@@ -86,6 +95,8 @@ class HostSnapshot:
             "links": sorted(self.links - before.links),
             "iptables": sorted(self.iptables - before.iptables),
             "cgroups": sorted(self.cgroups - before.cgroups),
+            "netns": sorted(self.netns - before.netns),
+            "routes": sorted(self.routes - before.routes),
             "lock": ["/run/ddpjob-real-node.lock"] if self.lock and not before.lock else [],
         }
         return {k: v for k, v in left.items() if v}

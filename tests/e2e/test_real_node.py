@@ -60,10 +60,11 @@ def _probe_pod(ns: str, selector: dict[str, str]) -> dict[str, Any]:
                      "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}]}}
 
 
-def run_probe(cluster: Cluster, ns: str) -> None:
-    """The whole check, shared by both tests below."""
+def run_probe(cluster: Cluster, ns: str, peer_node: str | None = None, probe_node: str | None = None) -> None:
+    """The whole check, shared by the tests below; `peer_node`/`probe_node` pin the two pods to named nodes (the
+    multi-node check puts them on different ones)."""
     selector = real_node_selector(cluster)
-    items = _manifests(ns, selector)
+    items = _manifests(ns, {"kubernetes.io/hostname": peer_node} if peer_node else selector)
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 
     def peer_ip() -> str | None:
@@ -77,7 +78,8 @@ def run_probe(cluster: Cluster, ns: str) -> None:
     wait_for(lambda: ip in cluster.kubectl("get", "endpointslices", "-n", ns, "-o", "json").stdout,
              timeout=60, describe="peer in the headless Service's EndpointSlice")
 
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(_probe_pod(ns, selector)))
+    probe_selector = {"kubernetes.io/hostname": probe_node} if probe_node else selector
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(_probe_pod(ns, probe_selector)))
 
     def terminated() -> dict[str, Any] | None:
         status = _get(cluster, "pod", "probe", "-n", ns)["status"]
@@ -112,7 +114,8 @@ def run_probe(cluster: Cluster, ns: str) -> None:
 
 
 def test_up_down_leaves_nothing(tmp_path: Path) -> None:
-    """A private real-node cluster: up, a real pod (veth, netns, mounts, iptables rules), down, nothing left.
+    """A private three-node real cluster: up, real pods on two netns nodes (veths, netns, mounts, iptables rules,
+    routes, cgroup trees), down, nothing left.
     First in the file so it runs before the session's real node takes the machine's one real-node slot."""
     if os.geteuid() != 0 or not Path("/proc/self/mountinfo").exists():
         pytest.skip("needs root on Linux: it brings up a local real node (not for a KUBECONFIG-only run)")
@@ -125,14 +128,16 @@ def test_up_down_leaves_nothing(tmp_path: Path) -> None:
     directory = tmp_path / "cluster"
     before = HostSnapshot.take(directory)
     try:
-        state = up(directory, real_node=True)
+        state = up(directory, real_node=True, nodes=3)
         cluster = Cluster(state.kubeconfig)
         cluster.kubectl("create", "namespace", "updown")
         wait_for(lambda: cluster.kubectl("get", "sa", "default", "-n", "updown", check=False).returncode == 0,
                  timeout=30, describe="default ServiceAccount")
-        run_probe(cluster, "updown")
+        # Across nodes: the peer in node 1's network namespace, the probe in node 2's (DNS, Service, PVC).
+        run_probe(cluster, "updown", peer_node="ddpjob-node-1", probe_node="ddpjob-node-2")
         during = HostSnapshot.take(directory).left_since(before)
-        assert {"processes", "mounts", "links", "iptables", "lock"} <= during.keys(), during
+        assert {"processes", "mounts", "links", "iptables", "lock", "netns", "routes", "cgroups"} <= during.keys(), \
+            during
     finally:
         down(directory, quiet=True)
     assert HostSnapshot.take(directory).left_since(before) == {}

@@ -74,9 +74,9 @@ def image_id(image: str) -> str:
 
 def stream_import(cluster_dir: Path, image: str) -> int:
     """`docker save IMAGE | ctr images import -` into the node's containerd (k8s.io namespace), with no tarball on
-    disk and the layer blobs dropped once unpacked (the worker image is ~6 GB; tests.cluster.node.import_unpacked).
-    Returns the bytes discarded."""
-    from tests.cluster.node import import_unpacked
+    disk and the layer blobs dropped once unpacked (the worker image is ~6 GB;
+    tests.cluster.node_images.import_unpacked). Returns the bytes discarded."""
+    from tests.cluster.node_images import import_unpacked
 
     save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
     assert save.stdout is not None
@@ -96,8 +96,9 @@ def import_images(cluster_dir: Path, images: list[str]) -> None:
     from tests.cluster.node import NodeState
 
     ns = NodeState.load(cluster_dir.resolve())
-    # Keyed by this node's containerd PID: a stamp left by an earlier node in the same directory never counts.
-    node = f"containerd-{ns.pids.get('containerd') if ns else None}"
+    # Keyed by node 0's kubelet PID: a stamp left by an earlier node in the same directory never counts (the
+    # containerds restart when images are shared with more nodes, the kubelet does not).
+    node = f"kubelet-{ns.pids.get('kubelet') if ns else None}"
     stamp = cluster_dir / "e2e-images.json"
     done: dict[str, str] = json.loads(stamp.read_text()) if stamp.exists() else {}
     if done.get("node") != node:
@@ -116,14 +117,16 @@ def import_images(cluster_dir: Path, images: list[str]) -> None:
 
 # --- operator -----------------------------------------------------------------------------------------------------
 
-def helm_install_operator(cluster: Cluster) -> None:
-    """`helm upgrade --install` the chart with the local operator image and wait for its Deployment."""
+def helm_install_operator(cluster: Cluster, node_selector: dict[str, str] | None = None) -> None:
+    """`helm upgrade --install` the chart with the local operator image and wait for its Deployment;
+    ``node_selector`` keeps the operator off nodes that tests take down."""
     repo, _, tag = OPERATOR_IMAGE.rpartition(":")
     t0 = time.monotonic()
+    pin = ["--set-json", f"nodeSelector={json.dumps(node_selector)}"] if node_selector else []
     proc = subprocess.run(
         [helm(), "upgrade", "--install", RELEASE, str(CHART), "--kubeconfig", str(cluster.kubeconfig),
          "-n", OPERATOR_NS, "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
-         "--set", "image.pullPolicy=IfNotPresent", "--wait", "--timeout", "5m"],
+         "--set", "image.pullPolicy=IfNotPresent", *pin, "--wait", "--timeout", "5m"],
         check=False, capture_output=True, text=True,
     )
     if proc.returncode != 0:
@@ -142,10 +145,12 @@ def helm_uninstall_operator(cluster: Cluster) -> None:
 # --- the job ------------------------------------------------------------------------------------------------------
 
 def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: list[str] | None = None,
-                    claim: bool = True, run_policy: dict[str, Any] | None = None) -> dict[str, Any]:
+                    claim: bool = True, run_policy: dict[str, Any] | None = None,
+                    pod_spec: dict[str, Any] | None = None, access_mode: str = "ReadWriteOnce") -> dict[str, Any]:
     """The job as a user writes it: the cluster's default StorageClass and no securityContext, so the operator's
     fsGroup default is what makes the root-owned volume writable for the worker (UID 10001). ``claim=False``: no
-    checkpoint section at all, the API default (a per-pod emptyDir)."""
+    checkpoint section at all, the API default (a per-pod emptyDir). ``pod_spec`` adds fields to the template's pod
+    spec (affinity, tolerations)."""
     spec: dict[str, Any] = {
         "replicas": 2, "nprocPerNode": "1", "maxRestarts": 3,
         "template": {"spec": {
@@ -158,12 +163,13 @@ def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: 
                 "args": args or TRAINER_ARGS,
                 "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
             }],
+            **(pod_spec or {}),
         }},
         # Running: the rendezvous pod goes at the end; Completed workers (and their logs) stay.
         "runPolicy": {"backoffLimit": 6, "cleanPodPolicy": "Running", **(run_policy or {})},
     }
     if claim:
-        volume_claim: dict[str, Any] = {"size": "1Gi", "accessModes": ["ReadWriteOnce"]}
+        volume_claim: dict[str, Any] = {"size": "1Gi", "accessModes": [access_mode]}
         spec["checkpoint"] = {"mountPath": "/checkpoints", "volumeClaim": volume_claim, "retainOnDelete": False}
     return {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": name, "namespace": ns},
             "spec": spec}
@@ -204,27 +210,10 @@ def wait_job_state(cluster: Cluster, ns: str, name: str, state: str, timeout: fl
     return status
 
 
-def wait_checkpoint(cluster: Cluster, ns: str, name: str, at_least: int, timeout: float = 300) -> int:
-    """Wait until rank 0 reported a checkpoint at or past `at_least` (status.progress, written by the worker);
-    returns the reported step."""
-    def check() -> int | None:
-        progress = job_status(cluster, ns, name).get("progress") or {}
-        step = int((progress.get("lastCheckpoint") or {}).get("step") or 0)
-        return step if step >= at_least else None
-
-    return wait_for(check, timeout=timeout, interval=0.5, describe=f"a checkpoint at step >= {at_least}",
-                    state=lambda: describe_job(cluster, ns, name))
-
-
 def worker_pods(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
     pods: list[dict[str, Any]] = get_json(cluster, "pods", "-n", ns, "-l",
                                           f"ddpjob.io/job-name={name}")["items"]
     return pods
-
-
-def pod_uid(cluster: Cluster, ns: str, pod: str) -> str:
-    uid: str = get_json(cluster, "pod", pod, "-n", ns)["metadata"]["uid"]
-    return uid
 
 
 # --- faults -------------------------------------------------------------------------------------------------------
@@ -255,10 +244,6 @@ def kill9_trainer(cluster: Cluster, ns: str, pod: str) -> list[int]:
     out = cluster.kubectl("exec", "-n", ns, pod, "-c", "worker", "--", "python", "-c", KILL_TRAINER).stdout
     pids: list[int] = json.loads(out.strip().splitlines()[-1])
     return pids
-
-
-def delete_pod(cluster: Cluster, ns: str, pod: str) -> None:
-    cluster.kubectl("delete", "pod", pod, "-n", ns, "--wait=false")
 
 
 # --- results ------------------------------------------------------------------------------------------------------

@@ -79,22 +79,28 @@ def test_deadline(start: float | None, limit: int | None, now_s: float, exceeded
 
 
 @pytest.mark.parametrize(
-    ("deleting_s", "node", "ready", "now_s", "is_stuck"),
+    ("deleting_s", "grace", "node", "ready", "now_s", "is_stuck"),
     [
-        (None, "n1", False, 1000, False),  # not Terminating
-        (0, "n1", True, 1000, False),  # node Ready: the kubelet will finish it
-        (0, "n1", False, 299, False),  # not long enough
-        (0, "n1", False, 300, True),
-        (0, "gone", None, 300, True),  # node deleted
-        (0, None, None, 1000, False),  # never scheduled: deletion is immediate anyway
+        (None, 0, "n1", False, 1000, False),  # not Terminating
+        (0, 0, "n1", True, 1000, False),  # node Ready: the kubelet will finish it
+        (0, 0, "n1", False, 299, False),  # not long enough
+        (0, 0, "n1", False, 300, True),
+        (0, 0, "gone", None, 300, True),  # node deleted
+        (0, 0, None, None, 1000, False),  # never scheduled: deletion is immediate anyway
+        # deletionTimestamp is the request plus the grace period: the timeout runs from the request
+        (45, 45, "n1", False, 299, False),
+        (45, 45, "n1", False, 300, True),
     ],
 )
 def test_stuck_terminating(
-    deleting_s: float | None, node: str | None, ready: bool | None, now_s: float, is_stuck: bool
+    deleting_s: float | None, grace: int, node: str | None, ready: bool | None, now_s: float, is_stuck: bool
 ) -> None:
-    pod = worker(0, "Running", deletion_timestamp=at(deleting_s) if deleting_s is not None else None, node_name=node)
+    pod = worker(0, "Running", deletion_timestamp=at(deleting_s) if deleting_s is not None else None, node_name=node,
+                 deletion_grace_seconds=grace)
     nodes = {"n1": bool(ready)} if ready is not None else {}
     assert stuck.is_stuck_terminating(pod, nodes, 300, at(now_s)) is is_stuck
+    if deleting_s is not None:
+        assert stuck.stuck_check_at(pod, 300) == at(deleting_s - grace + 300)
 
 
 def test_suspend_deletes_every_live_pod_and_resets_start_time() -> None:

@@ -1,0 +1,115 @@
+"""Images on the real nodes: imported (and unpacked) once into node 0's containerd, then shared with nodes 1.. by
+hard links (tests/cluster/netnodes.py clone_images), so each image's layers are stored once on this machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import IO
+
+from tests.cluster import controlplane as cp
+from tests.cluster import netnodes
+from tests.cluster import node_host as h
+from tests.cluster.controlplane import ClusterState, StartError
+from tests.cluster.node import NodeState, _ctr, _ctr_argv, _named, _state
+
+
+def import_images(directory: Path, tarballs: list[Path]) -> None:
+    """Import `docker save` / docker-archive tarballs into the real node's containerd (k8s.io namespace)."""
+    ns = _state(directory)
+    for tar in tarballs:
+        _ctr(ns, "images", "import", "--no-unpack", str(tar))
+    share(ns)
+
+
+def import_unpacked(directory: Path, image: str, archive: IO[bytes]) -> int:
+    """Import a `docker save` stream, unpack it into the overlayfs snapshotter now, then delete its layer blobs:
+    the snapshots are all a container needs, and keeping both would hold a 6 GB image twice on a disk whose
+    running low makes the kubelet evict pods and images (docs/e2e.md). Returns the bytes of blobs discarded.
+    containerd 1.6 (Debian's) has no `discard_unpacked_layers` for imports, so this is what that option does."""
+    ns = _state(directory)
+    proc = subprocess.run(_ctr_argv(ns, "images", "import", "-"), stdin=archive, capture_output=True, text=True,
+                          check=False)
+    if proc.returncode != 0:
+        raise StartError(f"ctr images import {image} failed ({proc.returncode}): {proc.stderr.strip()}")
+    ref = _normalized(image)
+    # `images check` columns: REF TYPE DIGEST STATUS SIZE UNPACKED; unpacked is what makes the blobs redundant.
+    row = next((line.split() for line in _ctr(ns, "images", "check", f"name=={ref}").splitlines()[1:]
+                if line.split()[:1] == [ref]), None)
+    if row is None or row[-1] != "true":
+        raise StartError(f"{ref} is not unpacked after import: {row}")
+    layers = _layer_blobs(ns, row[2])
+    if layers:
+        _ctr(ns, "content", "rm", *layers)
+    # `content rm` only drops the metadata; containerd deletes the files at a garbage collection that its default
+    # thresholds may not run for a long time (6 GB stayed on disk, and hard links would have shared them).
+    blobs = ns.dir_of(0) / "containerd" / "root" / "io.containerd.content.v1.content" / "blobs"
+    for digest in layers:
+        algorithm, _, hexdigest = digest.partition(":")
+        (blobs / algorithm / hexdigest).unlink(missing_ok=True)
+    share(ns)
+    return sum(layers.values())
+
+
+def _normalized(image: str) -> str:
+    """The name containerd stores for a `docker save` of `image` (Docker's reference normalization)."""
+    first, _, rest = image.partition("/")
+    if not rest:
+        return f"docker.io/library/{image}"
+    return image if "." in first or ":" in first or first == "localhost" else f"docker.io/{image}"
+
+
+def _layer_blobs(ns: NodeState, digest: str) -> dict[str, int]:
+    """Layer digest -> size under a manifest or index (docker save writes either, by Docker version)."""
+    doc = json.loads(_ctr(ns, "content", "get", digest))
+    if "manifests" in doc:  # an index: its manifests whose content is here (other platforms were not imported)
+        here = set(_ctr(ns, "content", "ls", "-q").split())
+        return {k: v for m in doc["manifests"] if m["digest"] in here for k, v in _layer_blobs(ns, m["digest"]).items()}
+    return {layer["digest"]: int(layer["size"]) for layer in doc.get("layers", [])}
+
+
+def respawn(ns: NodeState, name: str) -> subprocess.Popen[bytes]:
+    """Start a node process again with the argv it first ran with (after clone_images, or a node's power-on)."""
+    state = ClusterState.load(Path(ns.dir))
+    if state is None:
+        raise StartError(f"no control plane in {ns.dir}")
+    proc = cp._start(state, name, ns.argv[name])
+    ns.pids[name] = proc.pid
+    ns.save()
+    return proc
+
+
+def restart_containerd(ns: NodeState, k: int, timeout: float = 60) -> None:
+    """Start node k's containerd again and wait until it answers."""
+    name = _named("containerd", k)
+    proc = respawn(ns, name)
+    deadline = time.monotonic() + timeout
+    # `ctr version` prints the client's version even when the server does not answer: the exit code tells.
+    while subprocess.run(_ctr_argv(ns, "version", node=k), capture_output=True, check=False).returncode != 0:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise StartError(f"{name} did not start again (logs/{name}.log)")
+        time.sleep(0.2)
+
+
+def share(ns: NodeState) -> None:
+    """Nodes 1..: node 0's images, by hard links; every containerd restarts once (the kubelets reconnect)."""
+    if ns.nodes < 2:
+        return
+    t0 = time.monotonic()
+    names = [_named("containerd", k) for k in range(ns.nodes)]
+
+    def restart(*, stop: bool) -> None:
+        if stop:
+            h.stop_pids([ns.pids[n] for n in names])
+            return
+        for k in range(ns.nodes):
+            restart_containerd(ns, k)
+
+    netnodes.clone_images({k: ns.socket_of(k) for k in range(ns.nodes)},
+                          {k: ns.dir_of(k) / "containerd" / "root" for k in range(ns.nodes)}, restart)
+    state = ClusterState.load(Path(ns.dir))
+    assert state is not None
+    netnodes.wait_nodes_ready(state, [ns.name_of(k) for k in range(ns.nodes)])
+    cp.log(f"images shared with nodes 1..{ns.nodes - 1} by hard links", t0)

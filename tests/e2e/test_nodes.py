@@ -1,0 +1,203 @@
+"""Losing a node, on real kubelets (issue 11): a 2-worker job on two of the session cluster's network-namespace
+nodes (tests/cluster/netnodes.py), checkpoints on a ReadWriteMany volume every node mounts, and one node
+- powered off under worker-1 (node NotReady, the stuck pod force-deleted, the replacement on the third node);
+- powered off under the rendezvous pod;
+- partitioned under worker-1 for longer than the timeouts, then reconnected: its old pods must be stopped and
+  nothing they write may become the checkpoint the job resumes from (the worker's fencing, docs/checkpoints.md);
+- drained (kubectl drain) under worker-1: SIGTERM, a checkpoint within the grace period, the replacement resumes
+  from exactly that checkpoint.
+Every run must end bitwise equal to the uninterrupted run. Each prints the seconds from the fault to NotReady, to
+the replacement's start and to the first training step after the resume."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.cluster import netnodes
+from tests.conftest import Cluster, wait_for
+from tests.e2e import faults, results
+from tests.e2e import training as t
+from tests.e2e.runs import JOB, Env, Run, Scenario, assert_same_model, run_job
+
+pytestmark = pytest.mark.timeout(900)
+
+# Pods leave a NotReady node after 5 s instead of the API server's default 300 (DefaultTolerationSeconds), and a
+# pod stuck Terminating there is force-deleted 10 s later: the knobs a user who wants fast node-loss recovery sets.
+TOLERATIONS = [{"key": f"node.kubernetes.io/{k}", "operator": "Exists", "effect": "NoExecute",
+                "tolerationSeconds": 5} for k in ("unreachable", "not-ready")]
+POLICY = {"terminatingNodeTimeoutSeconds": 10, "backoffLimit": 6}
+# One worker per node, so losing a node loses one worker and the replacement needs the third node.
+SPREAD = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+    "labelSelector": {"matchLabels": {"ddpjob.io/job-name": JOB, "ddpjob.io/replica-type": "worker"}},
+    "topologyKey": "kubernetes.io/hostname"}]}}
+PREEMPTED_RE = re.compile(r"preempted: checkpoint step-(\d+) written")
+
+
+@pytest.fixture(scope="module")
+def nodes_env(env: Env) -> Env:
+    """Jobs on the network-namespace nodes only (node 0 runs the operator and is never taken down)."""
+    names = env.cluster.kubectl("get", "nodes", "-l", f"{netnodes.LABEL}=true", "-o", "name").stdout.split()
+    if len(names) < 3 or not _cluster_dir(env.cluster).joinpath("node", "state.json").exists():
+        pytest.skip(f"needs the local multi-node cluster with 3 network-namespace nodes (found {len(names)}): "
+                    "make cluster-up NODE=real NODES=4, or no KUBECONFIG")
+    return Env(env.cluster, {netnodes.LABEL: "true"})
+
+
+def _cluster_dir(cluster: Cluster) -> Path:
+    return Path(cluster.kubeconfig).resolve().parent
+
+
+def _pod(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
+    found = json.loads(cluster.kubectl("get", "pod", name, "-n", ns, "-o", "json", check=False).stdout or "{}")
+    return found if found.get("kind") == "Pod" else {}
+
+
+def _node_ready(cluster: Cluster, node: str) -> bool:
+    conds = t.get_json(cluster, "node", node)["status"].get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conds)
+
+
+def _started(pod: dict[str, Any]) -> float | None:
+    running = ((pod.get("status", {}).get("containerStatuses") or [{}])[0].get("state") or {}).get("running")
+    return t.parse_ts(running["startedAt"]) if running else None
+
+
+def _old_pod_processes(uid: str) -> list[int]:
+    """Processes of a pod (by UID) still running anywhere on this machine: its cgroup path names the UID."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if f"pod{uid}" in (proc / "cgroup").read_text():
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def _replacement(cluster: Cluster, ns: str, name: str, old_uid: str, lost_node: str) -> tuple[float, str]:
+    """Wait for the pod that replaces `name` to run; its container's start time and its node."""
+    def running() -> tuple[float, str] | None:
+        pod = _pod(cluster, ns, name)
+        started = _started(pod) if pod and pod["metadata"]["uid"] != old_uid else None
+        return (started, pod["spec"]["nodeName"]) if started else None
+
+    found = wait_for(running, timeout=240, interval=0.5, describe=f"a replacement {name} running",
+                     state=lambda: t.describe_job(cluster, ns, JOB))
+    assert isinstance(found, tuple)
+    assert found[1] != lost_node, f"{name}'s replacement runs on the lost node {lost_node}"
+    return found
+
+
+def _before_fault(cluster: Cluster, ns: str, name: str) -> tuple[faults.LogCapture, str, str]:
+    """Wait for a checkpoint past the first, capture the logs; the log capture, pod `name`'s node and UID."""
+    capture = faults.LogCapture(cluster, ns)
+    faults.wait_quiet(cluster, ns, t.CHECKPOINT_EVERY)
+    pod = _pod(cluster, ns, name)
+    capture()
+    return capture, pod["spec"]["nodeName"], pod["metadata"]["uid"]
+
+
+def node_fault(target: str, how: str) -> Scenario:
+    """Take down the node of pod `<job>-<target>` (`how`: power_off, partition) after a checkpoint, measure, and
+    bring the node back once the job has recovered without it."""
+    from tests.cluster import node_faults
+
+    def scenario(env: Env, ns: str, created: float) -> dict[str, Any]:
+        cluster, name = env.cluster, f"{JOB}-{target}"
+        capture, node, uid = _before_fault(cluster, ns, name)
+        lost = time.time()
+        getattr(node_faults, how)(_cluster_dir(cluster), node)
+        t.log(f"{how} of {node} (runs {name})")
+        try:
+            wait_for(lambda: not _node_ready(cluster, node), timeout=90, interval=0.5, describe=f"{node} NotReady")
+            not_ready = time.time()
+            started, new_node = _replacement(cluster, ns, name, uid, node)
+            capture()
+        finally:
+            (node_faults.heal if how == "partition" else node_faults.power_on)(_cluster_dir(cluster), node)
+        wait_for(lambda: _node_ready(cluster, node), timeout=120, interval=0.5, describe=f"{node} Ready again")
+        # Back on the network, the kubelet learns its pods were deleted and stops them.
+        wait_for(lambda: not _old_pod_processes(uid), timeout=120, interval=1,
+                 describe=f"the old {name}'s processes stopped on {node}")
+        return {"lost_at": lost, "node": node, "new_node": new_node, "not_ready_s": round(not_ready - lost, 1),
+                "replacement_start_s": round(started - lost, 1), "logs": capture.texts}
+    return scenario
+
+
+def drain_node(env: Env, ns: str, created: float) -> dict[str, Any]:
+    """kubectl drain the node of worker-1: the Eviction API, SIGTERM, a checkpoint, exit 143."""
+    cluster, name = env.cluster, f"{JOB}-worker-1"
+    capture, node, uid = _before_fault(cluster, ns, name)
+    drained = time.time()
+    try:
+        cluster.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--force",
+                        "--timeout=120s")
+        t.log(f"drained {node} (ran {name})")
+        def gone() -> bool:  # the drained pod's log (its SIGTERM checkpoint) goes with it: read it meanwhile
+            capture()
+            return bool(_pod(cluster, ns, name).get("metadata", {}).get("uid") != uid)
+
+        wait_for(gone, timeout=120, interval=0.5, describe=f"{name} gone from {node}")
+        started, new_node = _replacement(cluster, ns, name, uid, node)
+        capture()
+    finally:
+        cluster.kubectl("uncordon", node)
+    return {"lost_at": drained, "node": node, "new_node": new_node,
+            "replacement_start_s": round(started - drained, 1), "logs": capture.texts}
+
+
+def _report(label: str, run: Run, reference: Run) -> dict[str, Any]:
+    extra = run.extra
+    first = run.logs.first_step_after(extra["lost_at"])
+    row = {"wall_seconds": round(run.wall_seconds, 1), "params": run.params_sha256[:16],
+           "incidents": run.status.get("incidentCount", 0), "node": extra["node"], "new_node": extra["new_node"],
+           "not_ready_s": extra.get("not_ready_s"), "replacement_start_s": extra["replacement_start_s"],
+           "first_step_s": round(first - extra["lost_at"], 1) if first else None,
+           "goodput": round(reference.wall_seconds / run.wall_seconds, 2)}
+    results.record(label, **row)
+    t.log(f"{label}: {row}")
+    assert first is not None, f"{label}: no training step after a resume\n{run.logs.text()}"
+    return row
+
+
+def _run(nodes_env: Env, label: str, scenario: Scenario) -> Run:
+    return run_job(nodes_env, label, scenario, run_policy=POLICY, access_mode="ReadWriteMany",
+                   pod_spec={"tolerations": TOLERATIONS, "affinity": SPREAD})
+
+
+def test_node_of_a_worker_lost(nodes_env: Env, reference: Run) -> None:
+    run = _run(nodes_env, "node-lost-worker", node_fault("worker-1", "power_off"))
+    _report("node-lost-worker", run, reference)
+    assert_same_model(run, reference)
+
+
+def test_node_of_the_rendezvous_lost(nodes_env: Env, reference: Run) -> None:
+    run = _run(nodes_env, "node-lost-rdzv", node_fault("rdzv", "power_off"))
+    _report("node-lost-rdzv", run, reference)
+    assert_same_model(run, reference)
+
+
+def test_partitioned_node_is_fenced(nodes_env: Env, reference: Run) -> None:
+    run = _run(nodes_env, "partition", node_fault("worker-1", "partition"))
+    _report("partition", run, reference)
+    assert_same_model(run, reference)
+
+
+def test_drain_resumes_from_the_sigterm_checkpoint(nodes_env: Env, reference: Run) -> None:
+    run = _run(nodes_env, "drain", drain_node)
+    _report("drain", run, reference)
+    lost_at = run.extra["lost_at"]
+    saved = [int(m[1]) for when, _, line in run.logs.lines if when >= lost_at and (m := PREEMPTED_RE.search(line))]
+    assert saved, f"drain: no SIGTERM checkpoint logged\n{run.logs.text()}"
+    resumed = run.logs.resumes(lost_at)
+    assert resumed, f"drain: nothing resumed after the drain\n{run.logs.text()}"
+    assert min(resumed)[2] == max(saved), (
+        f"drain: resumed from step-{min(resumed)[2]}, not from the SIGTERM checkpoint step-{max(saved)}")
+    assert_same_model(run, reference)
