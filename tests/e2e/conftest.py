@@ -97,3 +97,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
     for line in summary_lines():
         terminalreporter.write_line(line)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """test_up_down_leaves_nothing first, whatever the file names: it needs the machine's real-node slot, which
+    the session cluster holds from the first test that uses it until the end."""
+    items.sort(key=lambda item: item.name != "test_up_down_leaves_nothing")
