@@ -304,30 +304,28 @@ def _state(directory: Path) -> NodeState:
     return ns
 
 
-def _leftover_pids(ns: NodeState) -> set[int]:
-    """Shims of *our* containerds (they re-parent to init, so killpg misses them) and anything in a kubepods cgroup
-    (node 0's at the root, node K's below /ddpjob-node-K)."""
-    found = netnodes.leftover_pids(ns.created)
-    sockets = [str(ns.socket_of(k)).encode() for k in range(ns.nodes)]
+def _shims(sockets: list[Path]) -> set[int]:
+    """Shims of the containerds listening on `sockets` (they re-parent to init, so killpg misses them)."""
+    wanted = [str(sock).encode() for sock in sockets]
+    found: set[int] = set()
     for proc in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
         with contextlib.suppress(OSError):
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            shim = argv[0].endswith(b"containerd-shim-runc-v2") and any(s in argv for s in sockets)
-            if shim or ("lock" in ns.created and ":/kubepods" in (proc / "cgroup").read_text()):
+            if argv[0].endswith(b"containerd-shim-runc-v2") and any(w in argv for w in wanted):
                 found.add(int(proc.name))
     return found
 
 
-def _is_shim_of(pid: int, sock: bytes) -> bool:
-    with contextlib.suppress(OSError):
-        return sock in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    return False
-
-
-def _in_cgroup(pid: int, k: int) -> bool:
-    with contextlib.suppress(OSError):
-        return f":/{netnodes.name(k)}/" in Path(f"/proc/{pid}/cgroup").read_text()
-    return False
+def _leftover_pids(ns: NodeState) -> set[int]:
+    """Shims of *our* containerds and anything in a kubepods cgroup (node 0's at the root, node K's below
+    /ddpjob-node-K)."""
+    found = netnodes.leftover_pids(ns.created) | _shims([ns.socket_of(k) for k in range(ns.nodes)])
+    if "lock" in ns.created:
+        for proc in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
+            with contextlib.suppress(OSError):
+                if ":/kubepods" in (proc / "cgroup").read_text():
+                    found.add(int(proc.name))
+    return found
 
 
 def stop_node(ns: NodeState, k: int, *, kill: bool = False) -> None:
@@ -340,9 +338,7 @@ def stop_node(ns: NodeState, k: int, *, kill: bool = False) -> None:
         if k == 0:
             raise StartError("node 0 holds the control plane's address and cannot be powered off; use node 1..")
         netnodes.kill_pids({*pids, *([containerd] if containerd else [])})
-        mine = NodeState(dir=ns.dir, nodes=k + 1, created=[f"cgroup-root:{netnodes.name(k)}"])
-        sock = str(ns.socket_of(k)).encode()
-        netnodes.kill_pids({p for p in _leftover_pids(mine) if _is_shim_of(p, sock) or _in_cgroup(p, k)})
+        netnodes.kill_pids(_shims([ns.socket_of(k)]) | netnodes.leftover_pids([f"cgroup-root:{netnodes.name(k)}"]))
         return
     h.stop_pids(pids)
     if containerd and h.running(containerd) and ns.socket_of(k).exists():
