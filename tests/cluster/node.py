@@ -151,9 +151,7 @@ def prepare(directory: Path, t0: float, nodes: int = 1) -> str:
     if nodes < 1:
         raise StartError(f"nodes must be at least 1, not {nodes}")
     ns = NodeState(dir=str(directory), nodes=nodes)
-    longest = max((ns.socket_of(k) for k in range(nodes)), key=lambda p: len(str(p)))
-    if len(str(longest)) > 100:  # sun_path holds 108 bytes
-        raise StartError(f"{longest} is too long for a unix socket path; use a shorter cluster directory")
+    _check_socket_paths(ns)
     _take_lock(directory, t0)
     ns.created.append("lock")
     ns.sysctls = {k: v for k in SYSCTLS if (v := h.sysctl(k)) is not None}
@@ -227,6 +225,17 @@ def start(state: ClusterState, t0: float) -> None:
 
 def _named(process: str, k: int) -> str:
     return f"{process}-{k}" if k else process
+
+
+def _check_socket_paths(ns: NodeState) -> None:
+    """Fail before anything starts, naming the fix, rather than as a containerd exit halfway up: containerd refuses
+    its ttrpc socket (its socket + ".ttrpc") past 104 bytes, its portable limit. (The kubelet only logs a too-long
+    pod-resources socket and runs on.)"""
+    for k in range(ns.nodes):
+        path = f"{ns.socket_of(k)}.ttrpc"
+        if len(path) > 104:
+            raise StartError(f"{path} is {len(path)} bytes, over the 104 containerd allows a socket path; "
+                             f"use a cluster directory at least {len(path) - 104} bytes shorter")
 
 
 def _start_node(state: ClusterState, ns: NodeState, k: int, images: list[Path]) -> None:

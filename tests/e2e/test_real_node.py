@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -113,7 +115,7 @@ def run_probe(cluster: Cluster, ns: str, peer_node: str | None = None, probe_nod
         assert (local / "probe" / "written-by-pod.txt").read_text() == "probe\n"
 
 
-def test_up_down_leaves_nothing(tmp_path: Path) -> None:
+def test_up_down_leaves_nothing() -> None:
     """A private three-node real cluster: up, real pods on two netns nodes (veths, netns, mounts, iptables rules,
     routes, cgroup trees), down, nothing left.
     First in the file so it runs before the session's real node takes the machine's one real-node slot."""
@@ -125,7 +127,10 @@ def test_up_down_leaves_nothing(tmp_path: Path) -> None:
                     "without KUBECONFIG, alone or first) so teardown cannot be checked here")
     from tests.cluster.controlplane import down, up
 
-    directory = tmp_path / "cluster"
+    # Not tmp_path: pytest's numbered directories grow (pytest-101/test_up_down_leaves_nothing0/...) until node 0's
+    # containerd socket passes the unix path limit; CI failed that way on 2026-11-24.
+    top = Path(tempfile.mkdtemp(prefix="ddpjob-updown-", dir="/tmp"))
+    directory = top / "cluster"
     before = HostSnapshot.take(directory)
     try:
         state = up(directory, real_node=True, nodes=3)
@@ -140,7 +145,9 @@ def test_up_down_leaves_nothing(tmp_path: Path) -> None:
             during
     finally:
         down(directory, quiet=True)
-    assert HostSnapshot.take(directory).left_since(before) == {}
+    left = HostSnapshot.take(directory).left_since(before)
+    shutil.rmtree(top, ignore_errors=True)
+    assert left == {}
 
 
 def test_real_pod_dns_apiserver_pvc_exit_code(cluster: Cluster, namespace: str) -> None:
