@@ -56,11 +56,20 @@ def tool(name: str) -> Path:
     return path
 
 
+#: Ports free_port handed out: each is free only until its process binds it, and the kernel may offer a port
+#: again as soon as our probe socket closes (CI once gave etcd and kwok the same one).
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    """A port nobody listens on right now (the kernel picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nobody listens on right now (the kernel picks it), never one this process handed out before."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 @dataclass
