@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the pinned cluster tools (Kubernetes control plane, etcd, kwok, helm; kubelet, kube-proxy
-# and CoreDNS with --node) from their Go modules into a cache outside the repo, keyed by version.
+# Builds the pinned cluster tools (Kubernetes control plane, etcd, kwok, helm, scheduler-plugins' scheduler;
+# kubelet, kube-proxy and CoreDNS with --node) from their Go modules into a cache outside the repo, keyed by
+# version.
 # A tool already in the cache is skipped, so a warm run takes well under a second.
 #
 # Usage: hack/install-tools.sh [--node] [--print-dir]
@@ -84,6 +85,7 @@ tools=(
   "etcd|$ETCD_VERSION|go.etcd.io/etcd/server/v3|go.etcd.io/etcd/server/v3|plain"
   "kwok|$KWOK_VERSION|sigs.k8s.io/kwok|sigs.k8s.io/kwok/cmd/kwok|plain"
   "helm|$HELM_VERSION|helm.sh/helm/v3|helm.sh/helm/v3/cmd/helm|plain"
+  "scheduler-plugins|$SCHEDULER_PLUGINS_VERSION|sigs.k8s.io/scheduler-plugins|sigs.k8s.io/scheduler-plugins/cmd/scheduler|plain"
 )
 if [ "$want_node" = 1 ]; then
   tools+=(
@@ -108,6 +110,11 @@ for entry in "${tools[@]}"; do
   replaces=()
   if [ "$mod" = k8s.io/kubernetes ]; then
     for s in "${k8s_staging[@]}"; do replaces+=("k8s.io/$s => k8s.io/$s v0.${ver#v1.}"); done
+  elif [ "$mod" = sigs.k8s.io/scheduler-plugins ]; then
+    # Its own go.mod's replaces do not apply to a module that requires it: repeat them, at the served patch.
+    spk=$SCHEDULER_PLUGINS_K8S_VERSION
+    for s in "${k8s_staging[@]}"; do replaces+=("k8s.io/$s => k8s.io/$s v0.${spk#v1.}"); done
+    replaces+=("k8s.io/kubernetes => k8s.io/kubernetes $spk")
   fi
   gomodule "$src" "$mod" "$ver" "${replaces[@]}"
   ldflags="-s -w"
@@ -116,8 +123,12 @@ for entry in "${tools[@]}"; do
     ldflags+=" -X go.etcd.io/etcd/api/v3/version.GitSHA=${ver}"
   fi
   mkdir -p "$(dirname "$out")"
+  extra=:
+  if [ "$name" = scheduler-plugins ]; then  # its PodGroup CRD, of the same version, goes next to the binary
+    extra="cp \"\$(go env GOMODCACHE)/$mod@$ver/manifests/coscheduling/crd.yaml\" '$(dirname "$out")/podgroup-crd.yaml'"
+  fi
   run_logged "$CACHE/logs/$name-$ver.log" "building $name" \
-    bash -c "cd '$src' && go mod download $mod && go build -mod=mod -o '$out.tmp' -ldflags '$ldflags' '$pkg' && mv '$out.tmp' '$out'"
+    bash -c "cd '$src' && go mod download $mod && go build -mod=mod -o '$out.tmp' -ldflags '$ldflags' '$pkg' && $extra && mv '$out.tmp' '$out'"
   built=$((built + 1))
 done
 say "all $n tools ready in $CACHE/bin ($built built, $((n - built)) cached)"

@@ -11,7 +11,7 @@ from typing import Any
 
 from ddpjob_operator import metrics
 from ddpjob_operator import reconcile as planner
-from ddpjob_operator.kube import Created, Kube, adopt
+from ddpjob_operator.kube import OPTIONAL_KINDS, Created, Kube, adopt
 from ddpjob_operator.memory import JobMemory
 from ddpjob_operator.names import LABEL_REPLICA_TYPE, TYPE_RENDEZVOUS
 from ddpjob_operator.observed import ChildView, PodView
@@ -56,8 +56,10 @@ async def apply_plan(kube: Kube, key: tuple[str, str], mem: JobMemory, plan: pla
         mem.deleted_uids.add(d.uid)
         if deleted and d.force:
             mem.gone_uids.add(d.uid)
-    if any(p.conflict for p in mem.problems.values()):
-        plan.create_pods = []  # a child this job does not control: no pod may start against it
+    if any(p.conflict or p.kind in OPTIONAL_KINDS for p in mem.problems.values()):
+        # A child this job does not control: no pod may start against it. A PodGroup not created: the gang
+        # scheduler would hold every pod anyway.
+        plan.create_pods = []
     results = await asyncio.gather(*(kube.create(adopt(pod, body)) for pod in plan.create_pods))
     for pod, result in zip(plan.create_pods, results, strict=True):
         _record(mem, pod, _answer(job, pod, result))

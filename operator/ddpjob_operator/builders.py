@@ -11,7 +11,7 @@ from typing import Any
 
 from ddpjob_worker.contract import DEFAULT_TERMINATION_LOG, WORKER_GID, WORKER_UID, WorkerEnv
 
-from ddpjob_operator import names
+from ddpjob_operator import gang, names
 from ddpjob_operator.spec import (
     API_VERSION,
     CHECKPOINT_VOLUME,
@@ -157,7 +157,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
     pod_spec.setdefault("serviceAccountName", names.worker_service_account_name(job.name))
     if claim:
         _default_fs_group(pod_spec)
-    return {
+    return gang.join(job, {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -167,7 +167,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
             "annotations": dict(meta.get("annotations") or {}),
         },
         "spec": pod_spec,
-    }
+    })
 
 
 def build_rendezvous_pod(job: DDPJob) -> Obj:
@@ -205,7 +205,7 @@ def build_rendezvous_pod(job: DDPJob) -> Obj:
     security: Obj = spec.setdefault("securityContext", {})
     security.setdefault("seccompProfile", {"type": "RuntimeDefault"})
     labels = {**names.job_labels(job.name), names.LABEL_REPLICA_TYPE: names.TYPE_RENDEZVOUS}
-    return _child("v1", "Pod", name, job, labels, spec=spec)
+    return gang.join(job, _child("v1", "Pod", name, job, labels, spec=spec))
 
 
 def build_service(job: DDPJob) -> Obj:
@@ -285,6 +285,9 @@ def build_static_children(job: DDPJob) -> list[Obj]:
     pvc = build_pvc(job)
     if pvc is not None:
         objs.append(pvc)
+    group = gang.build_pod_group(job, build_worker_pod(job, 0), build_rendezvous_pod(job))
+    if group is not None:  # before any pod: coscheduling denies a pod whose PodGroup it cannot find
+        objs.append(group)
     return objs
 
 

@@ -42,6 +42,7 @@ _PLURALS = {
     "Role": "roles",
     "RoleBinding": "rolebindings",
     "NetworkPolicy": "networkpolicies",
+    "PodGroup": "podgroups",
 }
 #: apiVersion of every child kind (for LIST and GET by kind).
 API_VERSIONS = {
@@ -52,7 +53,11 @@ API_VERSIONS = {
     "Role": "rbac.authorization.k8s.io/v1",
     "RoleBinding": "rbac.authorization.k8s.io/v1",
     "NetworkPolicy": "networking.k8s.io/v1",
+    "PodGroup": "scheduling.x-k8s.io/v1alpha1",
 }
+#: Kinds of another project's CRD (scheduler-plugins' PodGroup): the operator runs without it, and a job that
+#: needs it says so in its status.
+OPTIONAL_KINDS = frozenset({"PodGroup"})
 
 
 def watch_resource(kind: str) -> str:
@@ -78,6 +83,7 @@ PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("rbac.authorization.k8s.io", "roles"): ("get", "list", "watch", "create"),
     ("rbac.authorization.k8s.io", "rolebindings"): ("get", "list", "watch", "create"),
     ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch", "create"),
+    ("scheduling.x-k8s.io", "podgroups"): ("get", "list", "watch", "create"),
     ("", "events"): ("create",),
 }
 #: Cluster-scoped reads (a ClusterRole even when the operator watches only some namespaces).
@@ -180,6 +186,14 @@ class Kube:
             if any(c.get("reason") == "NamespaceTerminating" for c in causes):
                 raise NamespaceTerminating(meta["namespace"]) from err
             return Created(refused=refusal(obj["kind"], meta["name"], err.message or str(err)))
+        except kopf_errors.APINotFoundError as err:
+            if obj["kind"] not in OPTIONAL_KINDS:
+                raise kopf.TemporaryError(f"create {obj['kind']} {meta['name']}: {err}", delay=5) from err
+            return Created(refused=Problem(
+                kind=obj["kind"], name=meta["name"], conflict=False, reason="CRDNotInstalled",
+                message=f"the {obj['kind']} API ({obj['apiVersion']}) is not served: its CRD is not installed (fix: "
+                        "install scheduler-plugins with the coscheduling plugin, docs/scheduling.md, or remove "
+                        "spec.scheduling.gang)"))
         except (kopf_errors.APIUnprocessableEntityError, kopf_errors.APIClientError) as err:
             if err.status in (400, 422):
                 raise Rejected(obj["kind"], meta["name"], err.message or str(err)) from err

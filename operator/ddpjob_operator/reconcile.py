@@ -17,7 +17,7 @@ from typing import Any
 from ddpjob_operator import builders, names
 from ddpjob_operator import status as st
 from ddpjob_operator.observed import ChildView, PodView, format_time, parse_time, truncate
-from ddpjob_operator.policies import children, deadline, failure, incidents, pods, stall, success, suspend, ttl
+from ddpjob_operator.policies import children, deadline, failure, incidents, pods, queued, stall, success, suspend, ttl
 from ddpjob_operator.policies.children import ChildKey, Problem
 from ddpjob_operator.policies.pods import DeletePod, Replacement
 from ddpjob_operator.spec import DDPJob, InvalidSpec, parse_ddpjob
@@ -283,6 +283,8 @@ def _aux(ps: _Pass, stalled: stall.Stall | None, conflicts: Sequence[str]) -> No
         ps.aux.append(st.Aux(st.CREATE_REFUSED, True, first.reason, truncate(text)))
     else:
         ps.aux.append(st.Aux(st.CREATE_REFUSED, False, "Created", "the API server accepted every create"))
+    q = queued.decide([*ps.workers, *ps.rdzv], gang=ps.job.spec.scheduling.gang is not None)
+    ps.aux.append(st.Aux(st.QUEUED, q.queued, q.reason, q.message))
 
 
 def _recovery(result: Plan, ps: _Pass) -> None:

@@ -10,8 +10,10 @@ import logging
 from collections.abc import Iterable
 from typing import Protocol
 
+from kopf._cogs.clients import errors as kopf_errors
+
 from ddpjob_operator.cache import ChildCache, Key
-from ddpjob_operator.kube import API_VERSIONS, Kube
+from ddpjob_operator.kube import API_VERSIONS, OPTIONAL_KINDS, Kube
 from ddpjob_operator.names import LABEL_JOB_NAME
 from ddpjob_operator.spec import API_VERSION, KIND
 
@@ -19,6 +21,16 @@ log = logging.getLogger("ddpjob.resync")
 
 #: Default seconds between two resyncs (`ddpjob operator --resync-seconds`).
 DEFAULT_RESYNC_SECONDS = 60.0
+
+
+_skipped: set[str] = set()
+
+
+def _skip_once(kind: str, err: Exception) -> None:
+    """An optional kind whose CRD is not installed (or not granted): nothing of it to list; said once."""
+    if kind not in _skipped:
+        _skipped.add(kind)
+        log.info("not listing %s (%s): its CRD is not installed or not granted; jobs that need it say so", kind, err)
 
 
 class JobSink(Protocol):
@@ -37,10 +49,16 @@ async def resync_once(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: 
     for kind, api_version in API_VERSIONS.items():
         items: list[dict[str, object]] = []
         rv = 0
-        for ns in scopes:
-            page, page_rv = await kube.list(api_version, kind, ns, LABEL_JOB_NAME)
-            items += page
-            rv = max(rv, page_rv)
+        try:
+            for ns in scopes:
+                page, page_rv = await kube.list(api_version, kind, ns, LABEL_JOB_NAME)
+                items += page
+                rv = max(rv, page_rv)
+        except (kopf_errors.APINotFoundError, kopf_errors.APIForbiddenError) as err:
+            if kind not in OPTIONAL_KINDS:
+                raise
+            _skip_once(kind, err)
+            continue
         changed |= cache.resync(kind, items, rv, scope)
     jobs: list[dict[str, object]] = []
     jobs_rv = 0

@@ -114,6 +114,25 @@ class Rendezvous(_Model):
     close_timeout_seconds: int = Field(default=60, ge=1)
 
 
+#: Pods of a gang job carry this label naming their PodGroup (scheduler-plugins' coscheduling reads it).
+POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+#: The scheduler name scheduler-plugins' Helm chart gives its second scheduler.
+DEFAULT_GANG_SCHEDULER = "scheduler-plugins-scheduler"
+
+
+class Gang(_Model):
+    """All workers or none: a PodGroup for a coscheduling scheduler (docs/scheduling.md)."""
+
+    scheduler_name: str = Field(default=DEFAULT_GANG_SCHEDULER, max_length=253, pattern=_DNS_SUBDOMAIN)
+    schedule_timeout_seconds: int = Field(default=60, ge=1, le=86400)
+
+
+class Scheduling(_Model):
+    """How the job's pods are scheduled."""
+
+    gang: Gang | None = None
+
+
 CleanPodPolicy = Literal["None", "Running", "All"]
 
 
@@ -166,6 +185,7 @@ class DDPJobSpec(_Model):
     checkpoint: Checkpoint = Checkpoint()
     rendezvous: Rendezvous = Rendezvous()
     run_policy: RunPolicy = RunPolicy()
+    scheduling: Scheduling = Scheduling()
 
     @model_validator(mode="before")
     @classmethod
@@ -245,9 +265,24 @@ def _check_template(spec: DDPJobSpec) -> None:
         if str((m or {}).get("mountPath") or "").rstrip("/") == mount:
             raise ValueError(f"{where}.volumeMounts[{j}].mountPath: {mount} is spec.checkpoint.mountPath, where "
                              "the operator mounts the checkpoint volume; mount this volume elsewhere")
+    _check_gang(spec, pod_spec)
     if spec.nproc_per_node == "gpu" and not _gpu_requested(pod_spec, worker):
         raise ValueError(f"nprocPerNode: 'gpu' starts one process per GPU, but {where} requests no GPU: add "
                          "resources.limits['nvidia.com/gpu'] (or a DRA resource claim), or use nprocPerNode: cpu")
+
+
+def _check_gang(spec: DDPJobSpec, pod_spec: dict[str, Any]) -> None:
+    """A gang job's pods must all go to the gang scheduler, in the job's own PodGroup."""
+    labels = (spec.template.get("metadata") or {}).get("labels") or {}
+    if POD_GROUP_LABEL in labels:
+        raise ValueError(f"template.metadata.labels: {POD_GROUP_LABEL} is set by the operator (spec.scheduling.gang "
+                         "puts every pod in the job's own PodGroup); remove it")
+    gang = spec.scheduling.gang
+    own = pod_spec.get("schedulerName")
+    if gang is not None and own and own != gang.scheduler_name:
+        raise ValueError(f"template.spec.schedulerName: {own!r} differs from spec.scheduling.gang.schedulerName "
+                         f"({gang.scheduler_name!r}); a gang needs one scheduler for all its pods: remove it from "
+                         "the template or set the same name in both")
 
 
 class DDPJob(_Model):

@@ -27,7 +27,8 @@ CONDITION_TYPES = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
 STALLED = "Stalled"
 CHILD_CONFLICT = "ChildConflict"
 CREATE_REFUSED = "CreateRefused"
-AUX_TYPES = (STALLED, CHILD_CONFLICT, CREATE_REFUSED)
+QUEUED = "Queued"
+AUX_TYPES = (STALLED, CHILD_CONFLICT, CREATE_REFUSED, QUEUED)
 
 OWN_KEYS = (
     "conditions",
@@ -48,7 +49,7 @@ OWN_KEYS = (
 )
 
 #: Condition types whose becoming True is a problem worth a Warning event.
-_WARNING_TYPES = (RESTARTING, FAILED, *AUX_TYPES)
+_WARNING_TYPES = (RESTARTING, FAILED, STALLED, CHILD_CONFLICT, CREATE_REFUSED)  # Queued is a wait, not a fault
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

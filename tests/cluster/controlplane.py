@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tests.cluster import gang_scheduler
 from tests.cluster.pki import make_pki, write_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,6 +47,7 @@ def tool(name: str) -> Path:
         "kwok": v["KWOK_VERSION"],
         "helm": v["HELM_VERSION"],
         "coredns": v["COREDNS_VERSION"],
+        "scheduler-plugins": v["SCHEDULER_PLUGINS_VERSION"],
     }.get(name, v["KUBERNETES_VERSION"])
     cache = Path(os.environ.get("DDPJOB_CACHE", Path.home() / ".cache" / "ddpjob"))
     path = cache / "bin" / f"{name}-{version}" / name
@@ -246,10 +248,11 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
     # the `kubernetes` Service's endpoint; the lease reconciler would hang the apiserver's shutdown once etcd is gone).
     real = host != "127.0.0.1"
     pki = d / "pki"
-    bins = {n: str(tool(n)) for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")}
+    bins = {n: str(tool(n)) for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+                                      gang_scheduler.NAME)}
     log("certificates", t0)
     make_pki(pki, extra_sans=(f"IP:{host}",) if real else ())
-    for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok"):
+    for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok", gang_scheduler.NAME):
         state.ports[name] = free_port()
     state.save()
     write_kubeconfig(state.kubeconfig, f"https://{host}:{state.ports['apiserver']}", pki)
@@ -290,8 +293,10 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
     readyz = f"https://{host}:{state.ports['apiserver']}/readyz"
     _wait("kube-apiserver", api, lambda: _https_ok(readyz, pki), state, 90)
 
-    log("kube-controller-manager, kube-scheduler, kwok", t0)
+    log("kube-controller-manager, kube-scheduler, scheduler-plugins (PodGroup CRD), kwok", t0)
     kubeconfig = str(state.kubeconfig)
+    # Before its scheduler starts: the coscheduling plugin watches PodGroups from its first moment.
+    _kubectl(state, "apply", "--server-side", "-f", str(gang_scheduler.crd_path(Path(bins[gang_scheduler.NAME]))))
     kcm = _start(state, "kube-controller-manager", [
         bins["kube-controller-manager"], f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
@@ -311,6 +316,8 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
         f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
         "--bind-address=127.0.0.1", f"--secure-port={state.ports['scheduler']}", "--leader-elect=false", "--v=1",
     ])
+    gang = _start(state, gang_scheduler.NAME,
+                  gang_scheduler.argv(Path(bins[gang_scheduler.NAME]), state, state.ports[gang_scheduler.NAME]))
     kwok = _start(state, "kwok", [
         bins["kwok"], f"--kubeconfig={kubeconfig}", "--manage-all-nodes=false",
         "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
@@ -321,6 +328,8 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
     _wait("kube-controller-manager", kcm, lambda: _insecure_ok(kcm_health), state)
     _wait("kube-scheduler", sched, lambda: _insecure_ok(f"https://127.0.0.1:{state.ports['scheduler']}/healthz"), state)
     _wait("kwok", kwok, lambda: _insecure_ok(f"http://127.0.0.1:{state.ports['kwok']}/healthz"), state)
+    gang_health = f"https://127.0.0.1:{state.ports[gang_scheduler.NAME]}/healthz"
+    _wait(gang_scheduler.NAME, gang, lambda: _insecure_ok(gang_health), state)
 
     log(f"{KWOK_NODES} kwok nodes", t0)
     _kubectl(state, "apply", "-f", "-", stdin="---\n".join(_node_manifest(i) for i in range(KWOK_NODES)))

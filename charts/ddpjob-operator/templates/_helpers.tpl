@@ -107,6 +107,11 @@ The rules the operator needs in a namespace where it manages DDPJobs. One list, 
 - apiGroups: ["networking.k8s.io"]
   resources: ["networkpolicies"]
   verbs: ["get", "list", "watch", "create"]
+# Per-job PodGroup of a gang job (scheduler-plugins' coscheduling; spec.scheduling.gang). Listing it is skipped
+# while the PodGroup CRD is not installed.
+- apiGroups: ["scheduling.x-k8s.io"]
+  resources: ["podgroups"]
+  verbs: ["get", "list", "watch", "create"]
 # Events about DDPJobs (kopf posts core/v1 events, one POST each).
 - apiGroups: [""]
   resources: ["events"]
