@@ -6,7 +6,7 @@ Each job is what the operator creates for it (its own builders: W worker pods, t
 gang case, the PodGroup), created directly with a client so the operator's time is not in the number. The clock
 runs from the first create to the last pod bound (spec.nodeName set). Rounds alternate the two cases.
 
-    .venv/bin/python bench/gang_scheduling.py --jobs 100 --workers 4 --rounds 2
+    make bench-gang    # = .venv/bin/python bench/gang_scheduling.py --jobs 100 --workers 4 --rounds 2
 """
 
 from __future__ import annotations

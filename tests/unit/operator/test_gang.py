@@ -152,3 +152,19 @@ def test_parse_quantity_matches_the_kubernetes_client(text: str | int) -> None:
 def test_parse_quantity_refuses_what_is_not_a_quantity(text: str) -> None:
     with pytest.raises(ValueError, match="not a Kubernetes quantity"):
         gang.parse_quantity(text)
+
+
+def test_plan_without_the_pod_group_crd_says_so() -> None:
+    from ddpjob_operator import status as st
+    from ddpjob_operator.policies.children import Problem
+    from ddpjob_operator.reconcile import Observed, plan
+
+    from tests.unit.operator.factories import at
+
+    refused = Problem(kind="PodGroup", name="job", conflict=False, reason="CRDNotInstalled",
+                      message="the PodGroup API (scheduling.x-k8s.io/v1alpha1) is not served (fix: install ...)")
+    result = plan(gang_job(2), Observed(problems={("PodGroup", "job"): refused}), at(0))
+    cond = st.get_condition(result.status, st.CREATE_REFUSED)
+    assert cond is not None and cond["status"] == "True" and cond["reason"] == "CRDNotInstalled", cond
+    assert "PodGroup job" in cond["message"]
+    assert [o["kind"] for o in result.ensure][-1] == "PodGroup"  # tried again every pass
