@@ -22,17 +22,12 @@ POD_GROUP_API_VERSION = "scheduling.x-k8s.io/v1alpha1"
 POD_GROUP_KIND = "PodGroup"
 
 
-def pod_group_name(job: DDPJob) -> str:
-    """One PodGroup per job, named like it."""
-    return job.name
-
-
 def join(job: DDPJob, pod: Obj) -> Obj:
     """Put a pod built for ``job`` into its gang (label + schedulerName); a job without a gang is left alone."""
     gang = job.spec.scheduling.gang
     if gang is None:
         return pod
-    pod["metadata"].setdefault("labels", {})[POD_GROUP_LABEL] = pod_group_name(job)
+    pod["metadata"].setdefault("labels", {})[POD_GROUP_LABEL] = names.pod_group_name(job.name)
     pod["spec"]["schedulerName"] = gang.scheduler_name
     return pod
 
@@ -111,6 +106,7 @@ def build_pod_group(job: DDPJob, worker_pod: Obj, rdzv_pod: Obj) -> Obj | None:
     return {
         "apiVersion": POD_GROUP_API_VERSION,
         "kind": POD_GROUP_KIND,
-        "metadata": {"name": pod_group_name(job), "namespace": job.namespace, "labels": names.job_labels(job.name)},
+        "metadata": {"name": names.pod_group_name(job.name), "namespace": job.namespace,
+                     "labels": names.job_labels(job.name)},
         "spec": spec,
     }

@@ -49,6 +49,11 @@ def network_policy_name(job: str) -> str:
     return f"{job}-rdzv"
 
 
+def pod_group_name(job: str) -> str:
+    """The PodGroup of a gang job (spec.scheduling.gang): one per job, named like it."""
+    return job
+
+
 def job_labels(job: str) -> dict[str, str]:
     """Labels every child carries; the Service and the scale subresource select on LABEL_JOB_NAME."""
     return {

@@ -10,11 +10,14 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ddpjob_operator.spec import DEFAULT_GANG_SCHEDULER
+
 if TYPE_CHECKING:
     from tests.cluster.controlplane import ClusterState
 
 NAME = "scheduler-plugins"
-SCHEDULER_NAME = "scheduler-plugins-scheduler"
+#: The profile name a DDPJob's gang asks for by default (spec.scheduling.gang.schedulerName).
+SCHEDULER_NAME = DEFAULT_GANG_SCHEDULER
 #: How long placed members of a gang wait at Permit for the rest when their PodGroup sets no timeout; the
 #: plugin's default. DDPJob's PodGroups always set scheduleTimeoutSeconds.
 PERMIT_WAITING_SECONDS = 10
