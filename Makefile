@@ -57,6 +57,10 @@ run-local: venv ## Run the CPU example DDPJob locally with `ddpjob run` (no Kube
 bench: venv tools ## Run the benchmarks (operator scale; checkpoint and worker benchmarks live in bench/ too)
 	$(PY) bench/operator_scale.py --jobs 1 100 500 --out docs/bench
 
+.PHONY: bench-recovery
+bench-recovery: venv tools node-tools images ## Faults of 3 kinds x 5 on a real node, spares 0 and 1: recovery phases p50/p95
+	$(PY) bench/recovery.py --faults 5 --spares 0 1 --out docs/bench
+
 .PHONY: bench-gang
 bench-gang: venv tools ## Time the coscheduling scheduler placing 100 gang jobs x 4 workers against kube-scheduler
 	$(PY) bench/gang_scheduling.py --jobs 100 --workers 4 --rounds 2

@@ -90,4 +90,6 @@ def _observe(plan: planner.Plan) -> None:
             metrics.FAILURE_TO_REPLACEMENT.observe(max(0.0, (now - rep.failed_at).total_seconds()))
     for cause in plan.new_incidents:
         metrics.INCIDENTS.labels(cause=cause).inc()
+    for incident in plan.recovered:
+        metrics.observe_recovery(incident)
 

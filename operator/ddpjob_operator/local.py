@@ -155,9 +155,9 @@ def run_local(manifest: Path, workdir: Path, kill_after: float | None = None) ->
                     contract.DDPJOB_DNS_WAIT_SECONDS: "5", "PYTHONUNBUFFERED": "1"}
         # All replicas share this machine (in a cluster each pod has its own CPUs): split the cores among them.
         nproc = int(spec.nproc_per_node) if spec.nproc_per_node.isdigit() else 1
-        base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (spec.replicas * nproc))))
+        base_env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // (spec.pod_count * nproc))))
         uid = job.uid or f"local-{job.name}-{uuid.uuid4().hex[:8]}"
-        for i in range(spec.replicas):
+        for i in range(spec.pod_count):  # spares too: the rendezvous keeps the extra agents waiting
             env = contract.WorkerEnv(
                 job_name=job.name, namespace="local", job_uid=uid, worker_index=i,
                 min_nodes=spec.min_replicas, max_nodes=spec.max_replicas, nproc_per_node=spec.nproc_per_node,
@@ -170,7 +170,8 @@ def run_local(manifest: Path, workdir: Path, kill_after: float | None = None) ->
             agents.append(Agent(i, agent_argv(container, bindir), {**base_env, **env},
                                 workdir / "logs" / f"worker-{i}.log",
                                 termination_log=workdir / "logs" / f"worker-{i}.termination"))
-        console.print(f"{spec.replicas} agents, rendezvous 127.0.0.1:{port}, checkpoints {ckpt_dir}, "
+        spares = f" ({spec.spares} of them hot spares)" if spec.spares else ""
+        console.print(f"{spec.pod_count} agents{spares}, rendezvous 127.0.0.1:{port}, checkpoints {ckpt_dir}, "
                       f"logs {workdir / 'logs'}")
         for a in agents:
             a.start(Path.cwd())

@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from ddpjob_operator.policies.failure import CAUSES
+from ddpjob_operator.policies.recovery import PHASES, TOTAL
 
 #: Buckets for durations measured in seconds from pod creation or failure to a running pod.
 _LIFECYCLE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
@@ -31,6 +32,19 @@ FAILURE_TO_REPLACEMENT = Histogram(
     "Seconds from a worker's failure to the creation of its replacement",
     buckets=_LIFECYCLE_BUCKETS,
 )
+#: Buckets for a recovery and its phases: the targets are seconds (3 s with a spare, 8 s without).
+_RECOVERY_BUCKETS = (0.25, 0.5, 1, 1.5, 2, 3, 5, 8, 13, 20, 30, 60, 120, 300)
+RECOVERY = Histogram(
+    "ddpjob_recovery_seconds",
+    "Seconds from an incident's start to the first training step after it (recoverySeconds without a clock)",
+    buckets=_RECOVERY_BUCKETS,
+)
+RECOVERY_PHASE = Histogram(
+    "ddpjob_recovery_phase_seconds",
+    "Seconds from an incident's start to each recovery phase (policies/recovery.py PHASES)",
+    ["phase"],
+    buckets=_RECOVERY_BUCKETS,
+)
 STATES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
 
@@ -53,6 +67,20 @@ for _state in STATES:  # every state is exported from the start, at 0
     JOBS.labels(state=_state).set(0)
 for _cause in CAUSES:  # every cause is exported from the start, at 0
     INCIDENTS.labels(cause=_cause)
+for _phase in PHASES:
+    RECOVERY_PHASE.labels(phase=_phase)
+
+
+def observe_recovery(incident: dict[str, object]) -> None:
+    """A recovered incident's clock (status.incidents[].phases) into the histograms."""
+    phases = incident.get("phases")
+    phases = phases if isinstance(phases, dict) else {}
+    total = phases.get(TOTAL, incident.get("recoverySeconds"))
+    if isinstance(total, int | float):
+        RECOVERY.observe(float(total))
+    for phase, seconds in phases.items():
+        if phase in PHASES and isinstance(seconds, int | float):
+            RECOVERY_PHASE.labels(phase=phase).observe(float(seconds))
 
 
 def serve(port: int) -> None:

@@ -77,6 +77,8 @@ class PodView:
     """When the worker container last started running."""
     waiting: str = ""
     """Why a pod that is not running waits: ``Unschedulable: ...``, ``ImagePullBackOff``, ``ContainerCreating``."""
+    scheduled_at: datetime | None = None
+    """When the pod was bound to a node (its PodScheduled condition turned True)."""
     disruption: str = ""
     """Reason of the pod's DisruptionTarget condition (EvictionByEvictionAPI, DeletionByTaintManager, ...)."""
     gone: bool = False
@@ -128,6 +130,9 @@ class PodView:
         term = state.get("terminated") or (worker.get("lastState") or {}).get("terminated")
         conditions = status.get("conditions") or []
         ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        scheduled: Mapping[str, Any] = next(
+            (c for c in conditions if c.get("type") == "PodScheduled" and c.get("status") == "True"), {}
+        )
         disruption: Mapping[str, Any] = next(
             (c for c in conditions if c.get("type") == "DisruptionTarget" and c.get("status") == "True"), {}
         )
@@ -151,6 +156,7 @@ class PodView:
             incident_generation=count(labels.get(names.LABEL_INCIDENT_GENERATION)),
             started_at=parse_time((state.get("running") or {}).get("startedAt")),
             waiting=_waiting(status, state),
+            scheduled_at=parse_time(scheduled.get("lastTransitionTime")),
             disruption=str(disruption.get("reason") or ""),
             resource_version=count(meta.get("resourceVersion")),
         )

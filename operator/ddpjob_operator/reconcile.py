@@ -17,7 +17,19 @@ from typing import Any
 from ddpjob_operator import builders, names
 from ddpjob_operator import status as st
 from ddpjob_operator.observed import ChildView, PodView, format_time, parse_time, truncate
-from ddpjob_operator.policies import children, deadline, failure, incidents, pods, queued, stall, success, suspend, ttl
+from ddpjob_operator.policies import (
+    children,
+    deadline,
+    failure,
+    incidents,
+    pods,
+    queued,
+    recovery,
+    stall,
+    success,
+    suspend,
+    ttl,
+)
 from ddpjob_operator.policies.children import ChildKey, Problem
 from ddpjob_operator.policies.pods import DeletePod, Replacement
 from ddpjob_operator.spec import DDPJob, InvalidSpec, parse_ddpjob
@@ -48,6 +60,8 @@ class Plan:
     """Causes of the incidents opened this pass (for the metric)."""
     losses: list[str] = dataclasses.field(default_factory=list)
     """One log line per loss counted this pass."""
+    recovered: list[Obj] = dataclasses.field(default_factory=list)
+    """Incidents closed this pass, with their recovery clock (for the metric)."""
     delete_job: bool = False
     events: list[st.Event] = dataclasses.field(default_factory=list)
     requeue_after: float | None = None
@@ -101,9 +115,9 @@ class _Pass:
 
     def status(self, outcome: st.Outcome) -> Obj:
         counts = st.Counts(
-            desired=self.job.spec.replicas, restarts=self.restarts, incident_count=self.count,
-            incidents=tuple(self.recent), counted_failures=tuple(self.counted), start_time=self.start_time,
-            completion_time=self.completion_time, selector=names.selector(self.job.name),
+            desired=self.job.spec.replicas, spares=self.job.spec.spares, restarts=self.restarts,
+            incident_count=self.count, incidents=tuple(self.recent), counted_failures=tuple(self.counted),
+            start_time=self.start_time, completion_time=self.completion_time, selector=names.selector(self.job.name),
         )
         live = [p for p in self.workers if not p.gone]
         return st.compute_status(self.old, outcome=outcome, workers=live, counts=counts,
@@ -172,7 +186,7 @@ def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
     job, now, policy = ps.job, ps.now, ps.job.spec.run_policy
     kids = _children(result, ps)
     losses = [] if finishing else _losses(ps)
-    stalled, due = stall.check(ps.old, [p for p in ps.workers if p.active and (p.index or 0) < job.spec.replicas],
+    stalled, due = stall.check(ps.old, [p for p in ps.workers if p.active and (p.index or 0) < job.spec.pod_count],
                                [p for p in ps.rdzv if not p.gone], job.spec.replicas,
                                policy.progress_deadline_seconds, now)
     result.requeue_at(due, now)
@@ -234,7 +248,7 @@ def _children(result: Plan, ps: _Pass) -> children.ChildrenDecision:
 
 def _losses(ps: _Pass) -> list[failure.Loss]:
     policy, now, node_ready = ps.job.spec.run_policy, ps.now, ps.obs.node_ready
-    out = [loss for p in ps.workers if (p.index or 0) < ps.job.spec.replicas
+    out = [loss for p in ps.workers if (p.index or 0) < ps.job.spec.pod_count
            if (loss := failure.worker_loss(p, policy, node_ready, now)) is not None]
     out += [loss for p in ps.rdzv if (loss := failure.rendezvous_loss(p, node_ready, now)) is not None]
     if ps.obs.first_pass and ps.old.get("state") in (st.RUNNING, st.RESTARTING):
@@ -288,34 +302,36 @@ def _aux(ps: _Pass, stalled: stall.Stall | None, conflicts: Sequence[str]) -> No
 
 
 def _recovery(result: Plan, ps: _Pass) -> None:
-    """Close the recovering incident once every worker runs and training reported progress since it began."""
+    """Close the recovering incident once enough workers run and training ran again since it began; record its
+    recovery clock."""
     last = incidents.recovering(ps.recent)
     if last is None:
         return
     spec = ps.job.spec
-    running = [p for p in ps.workers if p.running and (p.index or 0) < spec.replicas]
+    running = [p for p in ps.workers if p.running and (p.index or 0) < spec.pod_count]
     if len(running) < spec.replicas or not any(p.running for p in ps.rdzv):
         return
     began = parse_time(last.get("startTime"))
-    newest = max((p.started_at for p in running if p.started_at is not None), default=None)
-    if began is not None and (newest is None or newest < began):
-        # Every worker still runs the group the incident hit: its agents have not noticed yet (a lost store is
-        # noticed seconds later), and steps they report now prove nothing.
-        return
     progress = ps.old.get("progress") or {}
-    reported = parse_time(progress.get("updateTime"))
-    if progress and (reported is None or (newest is not None and reported < newest)):
-        return  # training has not reported a step since the newest worker started
-    ps.recent, closed = incidents.mark_recovered(ps.recent, reported or ps.now)
+    at = recovery.recovered_at(began, running, progress, ps.now)
+    if at is None:
+        return
+    phases = recovery.phases(began, ps.workers, progress) if began is not None else {}
+    ps.recent, closed = incidents.mark_recovered(ps.recent, at, phases)
     if closed is not None:
+        result.recovered.append(closed)
         step = f", training at global step {progress.get('globalStep')}" if progress else ""
-        result.events.append(st.Event("Normal", "IncidentRecovered", f"incident #{closed.get('id')} "
-                                      f"({closed.get('cause')}) recovered in {closed.get('recoverySeconds')}s{step}"))
+        clock = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items())
+        result.events.append(st.Event("Normal", "IncidentRecovered", truncate(
+            f"incident #{closed.get('id')} ({closed.get('cause')}) recovered in {closed.get('recoverySeconds')}s"
+            f"{step}" + (f" ({clock})" if clock else ""))))
 
 
 def _state(ps: _Pass, decision: incidents.Decision) -> st.Outcome:
     spec = ps.job.spec
-    n_running = sum(p.running and p.index is not None and p.index < spec.replicas for p in ps.workers)
+    # Spares are pods too, but never more workers than spec.replicas: the rendezvous admits no more.
+    n_running = min(spec.replicas, sum(p.running and p.index is not None and p.index < spec.pod_count
+                                       for p in ps.workers))
     rdzv_running = any(p.running for p in ps.rdzv)
     last = incidents.recovering(ps.recent)
     if last is not None and (decision.new_losses or n_running < spec.replicas or not rdzv_running):

@@ -179,6 +179,7 @@ class DDPJobSpec(_Model):
 
     replicas: int = Field(ge=1, description="Desired worker pods (the scale subresource writes this).")
     elastic: Elastic | None = None
+    spares: int = Field(default=0, ge=0, le=16, description="Hot spare pods waiting at the rendezvous (fixed jobs).")
     nproc_per_node: str = Field(default="auto", description="auto | gpu | cpu | N (torchrun --nproc-per-node).")
     max_restarts: int = Field(default=3, ge=0, description="torchrun's in-pod restarts of the worker group.")
     template: dict[str, Any] = Field(description="Pod template for every worker (a PodTemplateSpec).")
@@ -205,6 +206,11 @@ class DDPJobSpec(_Model):
                 raise ValueError(f"elastic.minReplicas ({lo}) is greater than elastic.maxReplicas ({hi})")
             if not lo <= self.replicas <= hi:
                 raise ValueError(f"replicas ({self.replicas}) must lie within elastic [{lo}, {hi}]")
+            if self.spares:
+                # An elastic rendezvous admits every waiting pod up to maxReplicas: a "spare" would join as a
+                # worker and change the world size, which is what a spare must never do.
+                raise ValueError(f"spares needs a fixed-size job (spares is {self.spares}): remove spec.elastic, "
+                                 "or set spares to 0 (an elastic job already goes on with fewer workers)")
         containers = (self.template.get("spec") or {}).get("containers") or []
         if not containers:
             raise ValueError("template.spec.containers is empty: add a container named 'worker' that runs torchrun")
@@ -221,6 +227,12 @@ class DDPJobSpec(_Model):
     def min_replicas(self) -> int:
         """Lower bound of the worker count (replicas when not elastic)."""
         return self.elastic.min_replicas if self.elastic else self.replicas
+
+    @property
+    def pod_count(self) -> int:
+        """Worker pods the operator keeps: the workers plus the hot spares (indices 0..pod_count-1; torchrun's
+        rendezvous, not the index, decides which of them train)."""
+        return self.replicas + self.spares
 
     @property
     def max_replicas(self) -> int:

@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from ddpjob_operator.observed import PodView, format_time
+from ddpjob_operator.policies.recovery import last_recovery_seconds
 
 # Condition types.
 CREATED = "Created"
@@ -39,6 +40,8 @@ OWN_KEYS = (
     "succeededReplicas",
     "failedReplicas",
     "ready",
+    "spares",
+    "lastRecoverySeconds",
     "restarts",
     "incidentCount",
     "incidents",
@@ -80,6 +83,8 @@ class Counts:
 
     desired: int
     restarts: int
+    spares: int = 0
+    """spec.spares: pods beyond ``desired`` wait at the rendezvous and are reported apart."""
     incident_count: int = 0
     incidents: tuple[Mapping[str, Any], ...] = ()
     counted_failures: tuple[str, ...] = ()
@@ -191,17 +196,22 @@ def compute_status(
 ) -> dict[str, Any]:
     """The new operator-owned status (every key of OWN_KEYS; None means: remove it)."""
     conds = _conditions(old, outcome, aux, now, generation)
-    active = [p for p in workers if p.active]
-    ready = [p for p in workers if p.running and p.ready]
+    # Which pods train is the rendezvous' choice, not an index: the first ``desired`` count as workers, the rest
+    # as spares, so spares never inflate the worker counts (or the scale subresource's status.replicas).
+    n_active = sum(p.active for p in workers)
+    n_ready = sum(p.running and p.ready for p in workers)
+    active, ready = min(n_active, counts.desired), min(n_ready, counts.desired)
     return {
         "conditions": conds,
         "state": outcome.state,
         "observedGeneration": generation,
-        "replicas": len(active),
-        "readyReplicas": len(ready),
+        "replicas": active,
+        "readyReplicas": ready,
         "succeededReplicas": sum(p.phase == "Succeeded" for p in workers),
         "failedReplicas": sum(p.phase == "Failed" for p in workers),
-        "ready": f"{len(ready)}/{counts.desired}",
+        "ready": f"{ready}/{counts.desired}",
+        "spares": f"{n_ready - ready}/{counts.spares}" if counts.spares else None,
+        "lastRecoverySeconds": last_recovery_seconds(counts.incidents),
         "restarts": counts.restarts,
         "incidentCount": counts.incident_count,
         "incidents": [dict(i) for i in counts.incidents] or None,

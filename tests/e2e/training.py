@@ -146,13 +146,14 @@ def helm_uninstall_operator(cluster: Cluster) -> None:
 
 def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: list[str] | None = None,
                     claim: bool = True, run_policy: dict[str, Any] | None = None,
-                    pod_spec: dict[str, Any] | None = None, access_mode: str = "ReadWriteOnce") -> dict[str, Any]:
+                    pod_spec: dict[str, Any] | None = None, access_mode: str = "ReadWriteOnce",
+                    spares: int = 0) -> dict[str, Any]:
     """The job as a user writes it: the cluster's default StorageClass and no securityContext, so the operator's
     fsGroup default is what makes the root-owned volume writable for the worker (UID 10001). ``claim=False``: no
     checkpoint section at all, the API default (a per-pod emptyDir). ``pod_spec`` adds fields to the template's pod
     spec (affinity, tolerations)."""
     spec: dict[str, Any] = {
-        "replicas": 2, "nprocPerNode": "1", "maxRestarts": 3,
+        "replicas": 2, "spares": spares, "nprocPerNode": "1", "maxRestarts": 3,
         "template": {"spec": {
             "nodeSelector": node_selector,
             "terminationGracePeriodSeconds": 45,
@@ -238,6 +239,13 @@ for pid in os.listdir("/proc"):
 print(killed)
 sys.exit(0 if killed else 3)
 """
+
+
+def has_trainer(cluster: Cluster, ns: str, pod: str) -> bool:
+    """Whether the pod runs a training process (a hot spare's agent waits without one)."""
+    probe = KILL_TRAINER.replace("os.kill(int(pid), signal.SIGKILL)", "pass")
+    return cluster.kubectl("exec", "-n", ns, pod, "-c", "worker", "--", "python", "-c", probe,
+                           check=False).returncode == 0
 
 
 def kill9_trainer(cluster: Cluster, ns: str, pod: str) -> list[int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,7 +13,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ddpjob_worker import causes
+from ddpjob_worker import causes, contract
 from ddpjob_worker.logs import get_logger
 
 log = get_logger("agent")
@@ -54,16 +55,58 @@ class _KeepOpen:
         return getattr(self._handler, name)
 
 
+def leave_round(handler: Any) -> None:
+    """Take this node out of the current rendezvous round, as torchrun's own re-rendezvous does first.
+
+    An agent that exits (SIGTERM from a pod deletion, restarts used up) otherwise stays a participant of the
+    finished round until its heartbeats are judged lost (keep_alive_interval x keep_alive_max_attempt, 15 s by
+    default), and no new round can start before every participant has left: the survivors, and a hot spare,
+    would wait that long for a pod that is already gone. Private API of DynamicRendezvousHandler (c10d); any
+    other handler, or a torch that changed it, keeps the old behaviour, said once in the log."""
+    try:
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+        handler._stop_heartbeats()
+        handler._op_executor.run(_RendezvousExitOp(), handler._get_deadline(handler._settings.timeout.close))
+        log.info("left the rendezvous round: the others re-form the group without waiting for this pod")
+    except Exception as err:  # best effort: the heartbeat expiry still removes this node, only later
+        log.warning("could not leave the rendezvous round (%s: %s); peers wait for this pod's heartbeat to expire",
+                    type(err).__name__, err)
+
+
+def fixed_size(handler: Any) -> bool:
+    """Whether the rendezvous has min_nodes == max_nodes (a fixed-size job)."""
+    settings = getattr(handler, "_settings", None)
+    return settings is not None and getattr(settings, "min_nodes", 0) == getattr(settings, "max_nodes", -1)
+
+
 class PodAgent(LocalElasticAgent):
-    """LocalElasticAgent that keeps the rendezvous open on failure and restarts for free after a peer loss."""
+    """LocalElasticAgent that keeps the rendezvous open on failure, leaves the round when it exits, restarts for
+    free after a peer loss, and never restarts a full fixed-size group for a waiting node (a hot spare)."""
+
+    def __init__(self, spec: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(spec, *args, **kwargs)
+        handler = spec.rdzv_handler
+        if fixed_size(handler):
+            # torchrun restarts a healthy group whenever a node waits, so that it can join; a fixed-size group
+            # is full whenever it runs, so the restart only reshuffles who trains. With hot spares, or a
+            # replaced pod that arrives while a round forms, that churn cost several restarts per fault.
+            handler.num_nodes_waiting = lambda: 0
 
     def run(self, role: str = "default") -> RunResult:
         try:
             result: RunResult = super().run(role)
         except BaseException:
+            leave_round(self._worker_group.spec.rdzv_handler)
             self._keep_rendezvous_open()
             raise
-        if result is not None and result.is_failed():
+        if result is None:
+            # torchrun's run() returns nothing when the rendezvous was closed while this node waited in the
+            # redundancy list: the job finished without needing this hot spare, which then exits 0 like a worker.
+            log.info("the rendezvous closed while this pod waited as a hot spare: the job is done")
+            return RunResult(state=WorkerState.SUCCEEDED)
+        if result.is_failed():
+            leave_round(self._worker_group.spec.rdzv_handler)
             self._keep_rendezvous_open()
         return result
 
@@ -72,6 +115,14 @@ class PodAgent(LocalElasticAgent):
         if not isinstance(spec.rdzv_handler, _KeepOpen):
             # launch_agent's finally calls shutdown() through this same spec object.
             spec.rdzv_handler = _KeepOpen(spec.rdzv_handler)  # type: ignore[assignment]
+
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        super()._rendezvous(worker_group)
+        # The workers started next inherit the agent's environment (torchelastic copies os.environ), so rank 0
+        # can report when its group formed: the recovery clock's "rendezvous" phase.
+        os.environ[contract.DDPJOB_RENDEZVOUS_TIME] = f"{time.time():.3f}"
+        log.info("rendezvous complete: this pod is in the group (world of %d agents)",
+                 worker_group.group_world_size or 0)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         result: RunResult = super()._monitor_workers(worker_group)

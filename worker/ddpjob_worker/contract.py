@@ -56,6 +56,9 @@ DDPJOB_REPORT_PROGRESS = "DDPJOB_REPORT_PROGRESS"
 #: Optional: a file where rank 0 also writes its progress as JSON (``ddpjob run`` reads it for its live view;
 #: unset in pods).
 DDPJOB_PROGRESS_FILE = "DDPJOB_PROGRESS_FILE"
+#: Set by the agent in its own environment (so every worker process it starts inherits it): Unix time, in
+#: seconds with milliseconds, at which the rendezvous of the current process group completed.
+DDPJOB_RENDEZVOUS_TIME = "DDPJOB_RENDEZVOUS_TIME"
 #: Optional: how many checkpoints the library keeps (``spec.checkpoint.keep``); default 3.
 DDPJOB_CHECKPOINT_KEEP = "DDPJOB_CHECKPOINT_KEEP"
 #: Optional (a user knob): seconds ``ddp-worker`` waits for the rendezvous host to resolve in DNS before it exits

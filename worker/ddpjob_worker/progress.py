@@ -23,6 +23,11 @@ def rfc3339(ts: float | None = None) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
 
 
+def rfc3339_ms(ts: float) -> str:
+    """UTC time with milliseconds (RFC 3339; the recovery clock needs better than Kubernetes' seconds)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}Z"
+
+
 class ProgressReporter:
     """Throttled, fail-soft reporting. Only rank 0 reports; on other ranks every call is a no-op. Any trouble
     (no cluster, no RBAC, API server down) is logged once and training goes on: progress is a convenience."""
@@ -41,6 +46,12 @@ class ProgressReporter:
         self._last_sent = float("-inf")  # the first report goes out at once
         self._warned = False
         self._last: dict[str, Any] = {}
+        # The recovery clock of this process group (status.progress.start): when the agent's rendezvous
+        # completed (set by ddpjob_worker.agent), when the checkpoint was loaded, when the first step was done.
+        self.start: dict[str, Any] = {"restartCount": self.restart_count}
+        rdzv = env.get(contract.DDPJOB_RENDEZVOUS_TIME, "")
+        if rdzv.replace(".", "", 1).isdigit():
+            self.start["rendezvousTime"] = rfc3339_ms(float(rdzv))
 
     def _client(self) -> Any:
         if self._api is None:
@@ -50,14 +61,20 @@ class ProgressReporter:
             self._api = client.CustomObjectsApi()
         return self._api
 
+    def resumed(self, at: float | None = None) -> None:
+        """Call right after ``Checkpointer.resume()`` returns: the checkpoint-loaded phase of the recovery clock."""
+        self.start["checkpointLoadedTime"] = rfc3339_ms(time.time() if at is None else at)
+
     def report(self, *, epoch: int, step: int, global_step: int, loss: float | None = None,
                checkpoint_step: int | None = None, checkpoint_time: float | None = None,
                force: bool = False) -> None:
         """Record progress; sent at most once per interval unless ``force`` (e.g. right after a checkpoint)."""
         if not self.enabled:
             return
+        if "firstStepTime" not in self.start:
+            self.start["firstStepTime"] = rfc3339_ms(time.time())  # the first report follows the first step
         progress: dict[str, Any] = {"epoch": epoch, "step": step, "globalStep": global_step,
-                                    "updateTime": rfc3339()}
+                                    "updateTime": rfc3339(), "start": dict(self.start)}
         if loss is not None:
             progress["loss"] = round(float(loss), 6)
         if checkpoint_step is not None:

@@ -104,6 +104,7 @@ def attribute(
             target["outcome"] = RECOVERING
             target.pop("recoveredTime", None)
             target.pop("recoverySeconds", None)
+            target.pop("phases", None)
         target["pods"] = [*target.get("pods", []), loss.pod]
         cause = pick_cause([target["cause"], loss.cause])
         if not target["message"] or (cause == loss.cause and cause != target["cause"]):
@@ -131,8 +132,10 @@ def mark_failed(incidents: Sequence[Mapping[str, Any]]) -> list[Obj]:
     return out
 
 
-def mark_recovered(incidents: Sequence[Mapping[str, Any]], at: datetime) -> tuple[list[Obj], Obj | None]:
-    """Close the recovering incident (all workers run and training reported progress since it began)."""
+def mark_recovered(incidents: Sequence[Mapping[str, Any]], at: datetime,
+                   phases: Mapping[str, float] | None = None) -> tuple[list[Obj], Obj | None]:
+    """Close the recovering incident (all workers run and training reported progress since it began), with the
+    recovery clock's ``phases`` (policies/recovery.py)."""
     out = [dict(i) for i in incidents]
     if not out or out[-1].get("outcome") != RECOVERING:
         return out, None
@@ -141,7 +144,9 @@ def mark_recovered(incidents: Sequence[Mapping[str, Any]], at: datetime) -> tupl
     last["outcome"] = RECOVERED
     last["recoveredTime"] = format_time(at)
     if start is not None:
-        last["recoverySeconds"] = max(0, int((at - start).total_seconds()))
+        last["recoverySeconds"] = max(0, round((at - start).total_seconds()))
+    if phases:
+        last["phases"] = dict(phases)
     return out, last
 
 

@@ -87,7 +87,7 @@ def plan_workers(
             if not _stuck(pod, node_ready, timeout, now, plan):
                 taken.add(pod.index)  # the name is taken until the pod is gone
             continue
-        if pod.index >= spec.replicas:
+        if pod.index >= spec.pod_count:
             plan.delete.append(DeletePod(pod.name, pod.uid, pod.terminated, "ScaledDown"))
             taken.add(pod.index)
         elif pod.uid in counted and pod.phase == "Failed":
@@ -100,12 +100,12 @@ def plan_workers(
             taken.add(pod.index)
     blocked = {p.index for p in foreign if p.index is not None and not p.gone}
     for pod in foreign:
-        if pod.index is not None and pod.index < spec.replicas and not pod.deleting and not pod.gone:
+        if pod.index is not None and pod.index < spec.pod_count and not pod.deleting and not pod.gone:
             plan.conflicts.append(f"Pod {pod.name} exists and is not controlled by this DDPJob (controller uid "
                                   f"{pod.owner_uid or 'none'}); delete it: the operator never adopts pods")
     if not create or plan.conflicts:
         return plan
-    for i in range(spec.replicas):
+    for i in range(spec.pod_count):  # hot spares are worker pods too: the rendezvous decides who trains
         if i not in taken and i not in blocked:
             plan.create.append(builders.build_worker_pod(job, i, generation=generation, incidents=incidents))
     return plan

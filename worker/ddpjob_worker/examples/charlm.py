@@ -152,6 +152,7 @@ def train(args: argparse.Namespace) -> None:
     ckpt = Checkpointer(config, model=model, optimizer=optimizer, lr_scheduler=scheduler, grad_scaler=scaler)
     reporter = ProgressReporter()
     state = ckpt.resume()
+    reporter.resumed()
     log.info("training: world %d, %d steps/epoch, epochs %d..%d, device %s", world, steps_per_epoch,
              state.epoch, args.epochs - 1, device)
     started, loss_value = time.monotonic(), math.nan

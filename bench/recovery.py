@@ -1,0 +1,232 @@
+"""Recovery benchmark (not a test): on a real node, inject N faults of each kind into a running 2-worker job, once
+with ``spares: 0`` and once with ``spares: 1`` in the same run, and print p50/p95 of every recovery phase and of
+the total, from the fault to the first training step after it.
+
+    .venv/bin/python bench/recovery.py --faults 5 --out docs/bench      # a local cluster with one real node
+    .venv/bin/python bench/recovery.py --kubeconfig KC                    # any cluster with the images
+
+Kinds: ``kill -9`` (the trainer of a training pod: torchrun restarts the group in the pod), ``pod deleted`` (a
+training pod, gracefully: a spare can take its place), ``rendezvous deleted`` (the store pod: every agent
+re-joins a new store). Clock: the fault's own time (this process, milliseconds) to rank 0's start record
+(``status.progress.start``: rendezvous, checkpointLoaded, firstStep, milliseconds); the pod phases
+(replacementCreated, scheduled, containerStarted) come from the first pod created after the fault (Kubernetes
+timestamps: 1 s resolution). The real node runs on this machine, so both clocks are the same clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.conftest import Cluster, wait_for  # noqa: E402
+from tests.e2e import training as t  # noqa: E402
+
+JOB = "bench"
+WORKER_PHASES = ("rendezvous", "checkpointLoaded", "firstStep")
+POD_PHASES = ("replacementCreated", "scheduled", "containerStarted")
+KINDS = ("kill -9", "pod deleted", "rendezvous deleted")
+TRAINER = ["python", "-m", "ddpjob_worker.examples.charlm", "--epochs", "1000", "--steps-per-epoch", "60",
+           "--batch-size", "16", "--d-model", "64", "--checkpoint-every", "5", "--step-delay", "0.2", "--seed", "1"]
+
+
+def ts(value: str | None) -> float | None:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
+
+
+def status(cluster: Cluster, ns: str) -> dict[str, Any]:
+    return t.job_status(cluster, ns, JOB)
+
+
+def training_pods(cluster: Cluster, ns: str) -> list[str]:
+    pods = [p["metadata"]["name"] for p in t.worker_pods(cluster, ns, JOB)
+            if p["metadata"]["labels"].get("ddpjob.io/replica-type") == "worker"
+            and p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")]
+    return sorted(p for p in pods if t.has_trainer(cluster, ns, p))
+
+
+def wait_quiet(cluster: Cluster, ns: str, spares: int, after_checkpoint: int) -> int:
+    """Running, no incident recovering, every spare back, a checkpoint newer than the last fault's."""
+    def quiet() -> int | None:
+        s = status(cluster, ns)
+        recent = s.get("incidents") or []
+        step = int(((s.get("progress") or {}).get("lastCheckpoint") or {}).get("step") or 0)
+        if s.get("state") == "Failed":
+            raise SystemExit(f"the job failed: {json.dumps(s.get('conditions'))[-1500:]}")
+        if s.get("state") != "Running" or (recent and recent[-1].get("outcome") != "Recovered"):
+            return None
+        if spares and s.get("spares") != f"{spares}/{spares}":
+            return None
+        return step if step > after_checkpoint else None
+    found = wait_for(quiet, timeout=600, interval=0.5, describe="job quiet")
+    assert isinstance(found, int)
+    return found
+
+
+def inject(cluster: Cluster, ns: str, kind: str) -> float:
+    """Inject one fault; returns its time (taken right before the API call or exec that causes it)."""
+    if kind == "rendezvous deleted":
+        at = time.time()
+        cluster.kubectl("delete", "pod", f"{JOB}-rdzv", "-n", ns, "--wait=false")
+        return at
+    victim = training_pods(cluster, ns)[-1]
+    if kind == "kill -9":
+        at = time.time()
+        t.kill9_trainer(cluster, ns, victim)
+        return at
+    at = time.time()
+    cluster.kubectl("delete", "pod", victim, "-n", ns, "--wait=false")
+    return at
+
+
+def pod_phases(cluster: Cluster, ns: str, at: float) -> dict[str, float]:
+    """Pod phases of the first pod created at or after the fault (1 s timestamps, so compared at the second)."""
+    new = [p for p in t.worker_pods(cluster, ns, JOB) if (ts(p["metadata"]["creationTimestamp"]) or 0) >= int(at)]
+    if not new:
+        return {}
+    pod = min(new, key=lambda p: p["metadata"]["creationTimestamp"])
+    conds = {c["type"]: c for c in pod["status"].get("conditions") or []}
+    running = next((c["state"]["running"]["startedAt"] for c in pod["status"].get("containerStatuses") or []
+                    if "running" in (c.get("state") or {})), None)
+    found = {"replacementCreated": ts(pod["metadata"]["creationTimestamp"]),
+             "scheduled": ts(conds.get("PodScheduled", {}).get("lastTransitionTime")),
+             "containerStarted": ts(running)}
+    return {k: max(0.0, v - at) for k, v in found.items() if v is not None}
+
+
+def measure(cluster: Cluster, ns: str, kind: str, at: float) -> dict[str, float]:
+    """Wait for rank 0's start record of a group formed after the fault and its first step; the phases."""
+    def recovered() -> dict[str, Any] | None:
+        start = (status(cluster, ns).get("progress") or {}).get("start") or {}
+        rdzv, first = ts(start.get("rendezvousTime")), ts(start.get("firstStepTime"))
+        return start if rdzv is not None and first is not None and rdzv > at else None
+    start = wait_for(recovered, timeout=300, interval=0.25, describe=f"first step after {kind}")
+    assert isinstance(start, dict)
+    phases = {p: (ts(start.get(f"{p}Time")) or at) - at for p in WORKER_PHASES}
+    time.sleep(2)  # the replacement pod's container start lands a moment later; it is reported, not summed
+    return {**phases, **pod_phases(cluster, ns, at)}
+
+
+def run_case(cluster: Cluster, selector: dict[str, str], spares: int, faults: int) -> list[dict[str, Any]]:
+    ns = f"bench-recovery-{spares}-{os.getpid()}"
+    cluster.kubectl("create", "namespace", ns)
+    manifest = t.ddpjob_manifest(JOB, ns, node_selector=selector, args=TRAINER, claim=False, spares=spares,
+                                 run_policy={"backoffLimit": 1000})
+    manifest["spec"]["maxRestarts"] = 1000  # every kill -9 is an in-pod restart, never a pod that gives up
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    rows: list[dict[str, Any]] = []
+    checkpoint = 0
+    try:
+        for i in range(faults * len(KINDS)):
+            kind = KINDS[i % len(KINDS)]
+            checkpoint = wait_quiet(cluster, ns, spares, checkpoint)
+            at = inject(cluster, ns, kind)
+            row = {"spares": spares, "kind": kind, **measure(cluster, ns, kind, at)}
+            rows.append(row)
+            print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
+    finally:
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    return rows
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    phases = [*POD_PHASES, *WORKER_PHASES]
+    head = f"{'kind':<20} {'spares':>6} {'n':>3} | " + " | ".join(f"{p:>18}" for p in phases)
+    out = [head, "p50 / p95 seconds from the fault; firstStep is the total", "-" * len(head)]
+    for kind in KINDS:
+        for spares in sorted({r["spares"] for r in rows}):
+            sel = [r for r in rows if r["kind"] == kind and r["spares"] == spares]
+            if not sel:
+                continue
+            cells = []
+            for p in phases:
+                vals = [r[p] for r in sel if p in r]
+                cells.append(f"{pct(vals, 0.5):>7.2f} / {pct(vals, 0.95):>7.2f}" if vals else f"{'-':>18}")
+            out.append(f"{kind:<20} {spares:>6} {len(sel):>3} | " + " | ".join(cells))
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    labels, width = [], 0.38
+    for s_i, spares in enumerate(sorted({r["spares"] for r in rows})):
+        xs, bottoms = [], []
+        for k_i, kind in enumerate(KINDS):
+            sel = [r for r in rows if r["kind"] == kind and r["spares"] == spares]
+            xs.append(k_i + (s_i - 0.5) * width)
+            bottoms.append([statistics.median([r[p] for r in sel]) if sel else 0.0 for p in WORKER_PHASES])
+        prev = [0.0] * len(xs)
+        for p_i, phase in enumerate(WORKER_PHASES):
+            tops = [b[p_i] for b in bottoms]
+            ax.bar(xs, [max(0.0, top - low) for top, low in zip(tops, prev, strict=True)], width, bottom=prev,
+                   color=["#9ecae1", "#4292c6", "#08519c"][p_i], edgecolor="white" if spares == 0 else "black",
+                   hatch="" if spares == 0 else "//", label=f"{phase} (spares {spares})")
+            prev = tops
+        labels = list(KINDS)
+    ax.set_xticks(range(len(KINDS)), labels)
+    ax.set_ylabel("seconds from the fault (median)")
+    ax.set_title("Recovery per phase: spares 0 (plain) vs 1 (hatched), real node")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def local_cluster(directory: Path) -> tuple[Cluster, Callable[[], None]]:
+    from tests.cluster.controlplane import down, up
+
+    state = up(directory, real_node=True, nodes=1)
+    cluster = Cluster(state.kubeconfig)
+    t.import_images(directory, [t.OPERATOR_IMAGE, t.WORKER_IMAGE])
+    t.helm_install_operator(cluster)
+    return cluster, lambda: down(directory, quiet=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--faults", type=int, default=5, help="faults of each kind per spares setting")
+    parser.add_argument("--spares", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--kubeconfig", type=Path, help="an existing cluster with the images and the operator")
+    parser.add_argument("--out", type=Path, help="write recovery.json and recovery.png here")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="ddpjob-recovery-", dir="/tmp"))
+    cluster, stop = (Cluster(args.kubeconfig), lambda: None) if args.kubeconfig else local_cluster(tmp / "c")
+    load = os.getloadavg()[0]
+    rows: list[dict[str, Any]] = []
+    try:
+        selector = {"ddpjob.io/real-node": "true"} if not args.kubeconfig else {}
+        for spares in args.spares:
+            rows += run_case(cluster, selector, spares, args.faults)
+    finally:
+        stop()
+    print(f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
+    print("\n".join(summary(rows)))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "recovery.json").write_text(json.dumps(rows, indent=1))
+        plot(rows, args.out / "recovery.png")
+        print(f"wrote {args.out / 'recovery.json'} and {args.out / 'recovery.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The recovery clock: when an incident is over, and how long each phase of its recovery took.
+
+Phases, in seconds from the incident's start (the lost pod's finish or deletion time):
+``replacementCreated``, ``scheduled``, ``containerStarted`` (the first worker pod created after the start; the
+API server's timestamps have 1 s resolution), then ``rendezvous``, ``checkpointLoaded`` and ``firstStep`` (rank 0's
+``status.progress.start``, to the millisecond). With a hot spare the group re-forms before the replacement pod
+exists, so the pod phases may come after ``firstStep``: they are reported, not summed. The incident's start is
+truncated to the second, so a phase can read up to 1 s long; none reads below 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from ddpjob_operator.observed import PodView, parse_time
+
+#: Every phase, in the order a recovery without a spare goes through them (the metric's label values).
+PHASES = ("replacementCreated", "scheduled", "containerStarted", "rendezvous", "checkpointLoaded", "firstStep")
+#: The phase that ends a recovery: training runs again.
+TOTAL = "firstStep"
+
+
+def _start_record(progress: Mapping[str, Any]) -> Mapping[str, Any]:
+    start = progress.get("start")
+    return start if isinstance(start, Mapping) else {}
+
+
+def _seconds(at: datetime | None, began: datetime) -> float | None:
+    return None if at is None else round(max(0.0, (at - began).total_seconds()), 3)
+
+
+def phases(began: datetime, workers: Sequence[PodView], progress: Mapping[str, Any]) -> dict[str, float]:
+    """The phases seen for an incident that began at ``began`` (only those that happened after it)."""
+    out: dict[str, float | None] = {}
+    new = [p for p in workers if p.created_at is not None and p.created_at >= began]
+    if new:
+        first = min(new, key=lambda p: (p.created_at, p.name))
+        out["replacementCreated"] = _seconds(first.created_at, began)
+        out["scheduled"] = _seconds(first.scheduled_at, began)
+        out["containerStarted"] = _seconds(first.started_at, began)
+    start = _start_record(progress)
+    rdzv = parse_time(start.get("rendezvousTime"))
+    if rdzv is not None and rdzv >= began:
+        out["rendezvous"] = _seconds(rdzv, began)
+        out["checkpointLoaded"] = _seconds(parse_time(start.get("checkpointLoadedTime")), began)
+        out["firstStep"] = _seconds(parse_time(start.get("firstStepTime")), began)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def recovered_at(began: datetime | None, running: Sequence[PodView], progress: Mapping[str, Any],
+                 now: datetime) -> datetime | None:
+    """When training ran again after an incident that began at ``began``, or None while it has not.
+
+    A worker that reports its clock (``progress.start``) proves it: a group formed after the start and did a
+    step. Otherwise (a script without the progress reporter) the newest worker must have started after the
+    start, and progress, if any is reported, must be newer than that worker."""
+    start = _start_record(progress)
+    rdzv, first = parse_time(start.get("rendezvousTime")), parse_time(start.get("firstStepTime"))
+    if rdzv is not None and first is not None and began is not None:
+        return first if rdzv >= began else None
+    newest = max((p.started_at for p in running if p.started_at is not None), default=None)
+    if began is not None and (newest is None or newest < began):
+        # Every worker still runs the group the incident hit: its agents have not noticed yet (a lost store is
+        # noticed seconds later), and steps they report now prove nothing.
+        return None
+    reported = parse_time(progress.get("updateTime"))
+    if progress and (reported is None or (newest is not None and reported < newest)):
+        return None  # training has not reported a step since the newest worker started
+    return reported or now
+
+
+def last_recovery_seconds(incidents: Sequence[Mapping[str, Any]]) -> float | None:
+    """What the newest recovered incident cost: its first step after the start, else its recoverySeconds."""
+    for incident in reversed(incidents):
+        if incident.get("outcome") == "Recovered":
+            total = (incident.get("phases") or {}).get(TOTAL)
+            value = total if total is not None else incident.get("recoverySeconds")
+            return float(value) if value is not None else None
+    return None
