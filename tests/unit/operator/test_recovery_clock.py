@@ -1,0 +1,165 @@
+"""The recovery clock (policies/recovery.py) and hot spares (spec.spares) in the planner: table tests of the pure
+functions, then fault scenarios on the in-memory cluster."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from ddpjob_operator import metrics
+from ddpjob_operator.observed import PodView, format_time
+from ddpjob_operator.policies import recovery
+from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
+from prometheus_client import REGISTRY
+
+from .factories import T0, FakeCluster, at, make_job, pod_obj, running_cluster
+
+pytestmark = pytest.mark.unit
+
+
+def ms(seconds: float) -> str:
+    """A millisecond RFC 3339 time, as the worker writes it."""
+    value = at(seconds)
+    return value.strftime("%Y-%m-%dT%H:%M:%S") + f".{value.microsecond // 1000:03d}Z"
+
+
+def start(rdzv: float, loaded: float | None = None, first: float | None = None) -> dict[str, Any]:
+    rec: dict[str, Any] = {"restartCount": 0, "rendezvousTime": ms(rdzv)}
+    if loaded is not None:
+        rec["checkpointLoadedTime"] = ms(loaded)
+    if first is not None:
+        rec["firstStepTime"] = ms(first)
+    return {"globalStep": 10, "updateTime": format_time(at(first or rdzv)), "start": rec}
+
+
+def replacement(created: float, scheduled: float | None, started: float | None) -> PodView:
+    job = make_job().obj()
+    raw = pod_obj(job, 1, "Running" if started is not None else "Pending", created=at(created),
+                  started=at(started or 0))
+    if scheduled is not None:
+        raw["status"].setdefault("conditions", []).append(
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": format_time(at(scheduled))})
+    return PodView.from_pod(raw)
+
+
+OLD = PodView.from_pod(pod_obj(make_job().obj(), 0, created=at(-100), started=at(-99)))
+
+
+@pytest.mark.parametrize(("pods", "progress", "want"), [
+    ([OLD], {}, {}),  # nothing happened after the start yet
+    ([OLD, replacement(1, 2, 4)], {}, {"replacementCreated": 1, "scheduled": 2, "containerStarted": 4}),
+    ([OLD, replacement(1, None, None)], {}, {"replacementCreated": 1}),
+    ([OLD], start(2.5, 5.25, 6.125), {"rendezvous": 2.5, "checkpointLoaded": 5.25, "firstStep": 6.125}),
+    ([OLD], start(2.5, None, 6.0), {"rendezvous": 2.5, "firstStep": 6.0}),  # the script never called resumed()
+    ([OLD], start(-3, -1, 0), {}),  # the group the incident hit: nothing of it is a phase
+    ([OLD, replacement(1, 1, 3)], start(0.4, 2, 2.5),  # a spare: the group re-formed before the pod started
+     {"replacementCreated": 1, "scheduled": 1, "containerStarted": 3, "rendezvous": 0.4, "checkpointLoaded": 2,
+      "firstStep": 2.5}),
+])
+def test_phases(pods: list[PodView], progress: dict[str, Any], want: dict[str, float]) -> None:
+    assert recovery.phases(T0, pods, progress) == want
+
+
+RUNNING_NEW = PodView.from_pod(pod_obj(make_job().obj(), 1, created=at(1), started=at(3)))
+
+
+@pytest.mark.parametrize(("running", "progress", "want"), [
+    ([OLD], start(2, 3, 4), at(4)),  # a spare took over: no new pod needed
+    ([OLD], start(-5, -4, -3), None),  # the clock is the old group's
+    ([OLD, RUNNING_NEW], start(-5, -4, -3), None),  # a new pod alone proves nothing when the clock says old
+    # Without a clock (a script without the reporter): the old rule.
+    ([OLD], {}, None),
+    ([OLD, RUNNING_NEW], {}, at(30)),
+    ([OLD, RUNNING_NEW], {"updateTime": format_time(at(2))}, None),
+    ([OLD, RUNNING_NEW], {"updateTime": format_time(at(5))}, at(5)),
+])
+def test_recovered_at(running: list[PodView], progress: dict[str, Any], want: Any) -> None:
+    assert recovery.recovered_at(T0, running, progress, at(30)) == want
+
+
+@pytest.mark.parametrize(("incidents", "want"), [
+    ([], None),
+    ([{"outcome": "Recovering"}], None),
+    ([{"outcome": "Recovered", "recoverySeconds": 7}], 7.0),
+    ([{"outcome": "Recovered", "recoverySeconds": 7, "phases": {"firstStep": 6.25}}], 6.25),
+    ([{"outcome": "Recovered", "recoverySeconds": 3}, {"outcome": "Recovering"}], 3.0),
+])
+def test_last_recovery_seconds(incidents: list[dict[str, Any]], want: float | None) -> None:
+    assert recovery.last_recovery_seconds(incidents) == want
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_a_deleted_worker_recovered_by_a_spare_records_the_clock_in_status_and_metrics() -> None:
+    c = FakeCluster(make_job(replicas=2).with_spec(spares=1).obj())
+    c.converge(T0)
+    assert c.worker_names() == ["job-worker-0", "job-worker-1", "job-worker-2"]
+    c.run_all()
+    c.converge(at(1))
+    assert c.status["ready"] == "2/2" and c.status["spares"] == "1/1" and c.status["readyReplicas"] == 2
+    assert c.status["replicas"] == 2 and c.status["state"] == "Running"
+    c.jobobj["status"]["progress"] = start(-50, -49, -48)
+    c.user_delete("job-worker-1", at=at(10))
+    c.step(at(10))
+    assert c.status["incidents"][-1]["outcome"] == "Recovering"
+    assert c.status["ready"] == "2/2" and c.status["spares"] == "0/1"
+    # The survivor and the spare form the next group before the lost pod is even replaced.
+    c.jobobj["status"]["progress"] = start(11.5, 13.25, 14.0)
+    before = sample("ddpjob_recovery_phase_seconds_count", phase="firstStep")
+    total_before = sample("ddpjob_recovery_seconds_count")
+    p = c.step(at(15))
+    inc = c.status["incidents"][-1]
+    assert inc["outcome"] == "Recovered" and inc["phases"] == {"rendezvous": 1.5, "checkpointLoaded": 3.25,
+                                                                "firstStep": 4.0}
+    assert c.status["lastRecoverySeconds"] == 4.0
+    assert p.recovered == [inc]
+    assert any(e.reason == "IncidentRecovered" and "firstStep 4.0s" in e.message for e in p.events)
+    metrics.observe_recovery(p.recovered[0])  # what apply.py does after the write
+    assert sample("ddpjob_recovery_phase_seconds_count", phase="firstStep") == before + 1
+    assert sample("ddpjob_recovery_seconds_count") == total_before + 1
+    c.finish_terminations()
+    p = c.step(at(16))
+    assert [o["metadata"]["name"] for o in p.create_pods] == ["job-worker-1"]  # the next spare
+    c.run_all(started=at(17))
+    c.step(at(18))
+    assert c.status["spares"] == "1/1" and c.status["incidentCount"] == 1
+
+
+def test_without_a_clock_a_recovery_still_closes_by_the_old_rule() -> None:
+    c = running_cluster(replicas=2)
+    c.jobobj["status"]["progress"] = {"globalStep": 40, "updateTime": format_time(at(5))}
+    c.user_delete("job-worker-1", at=at(10))
+    c.step(at(10))
+    c.finish_terminations()
+    c.step(at(12))
+    c.run_all(started=at(12))
+    c.jobobj["status"]["progress"] = {"globalStep": 50, "updateTime": format_time(at(20))}
+    c.step(at(21))
+    inc = c.status["incidents"][-1]
+    assert inc["outcome"] == "Recovered" and inc["recoverySeconds"] == 10
+    assert "phases" not in inc  # the fake cluster stamps every creation at T0, before the incident
+    assert c.status["lastRecoverySeconds"] == 10.0
+
+
+def test_spares_are_fixed_size_only_and_count_pods() -> None:
+    job = parse_ddpjob(make_job(replicas=3).with_spec(spares=2).obj())
+    assert (job.spec.spares, job.spec.pod_count) == (2, 5)
+    assert parse_ddpjob(make_job(replicas=3).obj()).spec.pod_count == 3
+    with pytest.raises(InvalidSpec, match="spares needs a fixed-size job"):
+        parse_ddpjob(make_job(replicas=2).with_elastic(1, 3).with_spec(spares=1).obj())
+
+
+def test_a_spare_index_beyond_the_pod_count_is_scaled_down_and_spares_absent_without_them() -> None:
+    c = FakeCluster(make_job(replicas=2).obj())
+    c.converge(T0)
+    assert c.worker_names() == ["job-worker-0", "job-worker-1"]
+    c.run_all()
+    c.converge(at(1))
+    assert "spares" not in c.status
+    extra = pod_obj(c.jobobj, 2, created=at(1) - timedelta(seconds=1))
+    c.pods[extra["metadata"]["name"]] = extra
+    p = c.step(at(2))
+    assert [(d.name, d.reason) for d in p.delete_pods] == [("job-worker-2", "ScaledDown")]
