@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -60,3 +61,34 @@ def test_survivor_restarts_for_a_lost_peer_without_using_its_restarts(job: Local
     survivor = job.log(0).read_text()
     assert "restarting it without using one of the 0 restarts" in survivor
     assert "resumed from checkpoint step-" in job.logs()
+
+
+@pytest.mark.timeout(400)
+def test_hot_spare_takes_a_deleted_pods_place_at_once_and_exits_0_at_the_end(job: LocalJob) -> None:
+    """Three agents for a 2-node group: one waits in torchrun's redundancy list. Agent 1 gets SIGTERM (its pod is
+    deleted): it checkpoints, leaves the round and exits; the survivor and the spare form the next group well
+    within the 15 s a departed participant's heartbeat takes to expire (the floor before agents left the round),
+    with no extra restart for a waiting node; the job finishes and the spare of the end exits 0."""
+    command = ["python", "-m", "ddpjob_worker.examples.charlm", *TINY, "--epochs", "1", "--steps-per-epoch", "40",
+               "--checkpoint-every", "5", "--step-delay", "0.1"]
+    agents = [job.agent(i, command) for i in range(3)]
+    job.progress_at_least(6, 150)
+    joined = "rendezvous complete: this pod is in the group"
+    training = [i for i in range(3) if joined in job.log(i).read_text()]
+    spare = next(i for i in range(3) if i not in training)
+    assert len(training) == 2, job.logs()[-3000:]
+    victim = training[-1]
+    before = job.log(spare).read_text().count(joined)
+    t0 = time.monotonic()
+    os.kill(agents[victim].pid, signal.SIGTERM)
+    wait_until(lambda: job.log(spare).read_text().count(joined) > before, 60, "the spare to join the next group")
+    took = time.monotonic() - t0
+    assert took < 14, f"the spare joined {took:.1f}s after the SIGTERM\n{job.logs()[-4000:]}"
+    assert "left the rendezvous round" in job.log(victim).read_text()
+    assert wait_exit(agents[victim], 60, job) == 143
+    replacement = job.agent(victim, command)  # what the operator does: it becomes the next spare
+    survivor = next(i for i in training if i != victim)
+    for proc in (agents[survivor], agents[spare], replacement):
+        assert wait_exit(proc, 240, job) == 0, job.logs()[-4000:]
+    assert "the rendezvous closed while this pod waited as a hot spare" in job.log(victim).read_text()
+    assert job.log(survivor).read_text().count(joined) == 2, "a waiting node restarted the full group"
