@@ -92,3 +92,17 @@ def test_hot_spare_takes_a_deleted_pods_place_at_once_and_exits_0_at_the_end(job
         assert wait_exit(proc, 240, job) == 0, job.logs()[-4000:]
     assert "the rendezvous closed while this pod waited as a hot spare" in job.log(victim).read_text()
     assert job.log(survivor).read_text().count(joined) == 2, "a waiting node restarted the full group"
+
+
+@pytest.mark.timeout(300)
+def test_a_running_fixed_size_group_notices_its_lost_store_and_exits_200(job: LocalJob) -> None:
+    """The agent's periodic num_nodes_waiting() is also how it learns that the store is gone (it syncs with it);
+    making it return 0 for a full fixed-size group must keep that sync, or the group trains on without a store
+    and the operator's incident never ends (caught by bench/recovery.py: agents that finished with 0 instead)."""
+    command = ["python", "-m", "ddpjob_worker.examples.charlm", *TINY, "--epochs", "1", "--steps-per-epoch", "400",
+               "--checkpoint-every", "5", "--step-delay", "0.1"]
+    agents = [job.agent(i, command) for i in range(2)]
+    job.progress_at_least(6, 150)
+    os.kill(job.rdzv.pid, signal.SIGKILL)
+    for proc in agents:
+        assert wait_exit(proc, 60, job) == 200, job.logs()[-3000:]

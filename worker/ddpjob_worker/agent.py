@@ -91,7 +91,15 @@ class PodAgent(LocalElasticAgent):
             # torchrun restarts a healthy group whenever a node waits, so that it can join; a fixed-size group
             # is full whenever it runs, so the restart only reshuffles who trains. With hot spares, or a
             # replaced pod that arrives while a round forms, that churn cost several restarts per fault.
-            handler.num_nodes_waiting = lambda: 0
+            # The call itself stays: it syncs with the store every monitor interval, and a lost store raising
+            # there is how a running agent learns of it (and exits 200 so its pod is replaced).
+            waiting = handler.num_nodes_waiting
+
+            def none_admitted() -> int:
+                waiting()
+                return 0
+
+            handler.num_nodes_waiting = none_admitted
 
     def run(self, role: str = "default") -> RunResult:
         try:
