@@ -70,8 +70,8 @@ def leave_round(handler: Any) -> None:
         handler._op_executor.run(_RendezvousExitOp(), handler._get_deadline(handler._settings.timeout.close))
         log.info("left the rendezvous round: the others re-form the group without waiting for this pod")
     except Exception as err:  # best effort: the heartbeat expiry still removes this node, only later
-        log.warning("could not leave the rendezvous round (%s: %s); peers wait for this pod's heartbeat to expire",
-                    type(err).__name__, err)
+        log.warning("could not leave the rendezvous round (%s: %s); if the store is still up, the other pods "
+                    "wait for this pod's heartbeat to expire", type(err).__name__, err)
 
 
 def fixed_size(handler: Any) -> bool:
