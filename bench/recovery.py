@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -219,6 +220,7 @@ def main() -> None:
             rows += run_case(cluster, selector, spares, args.faults)
     finally:
         stop()
+        shutil.rmtree(tmp, ignore_errors=True)  # the cluster's directory, empty of processes and mounts after down
     print(f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
     print("\n".join(summary(rows)))
     if args.out:
