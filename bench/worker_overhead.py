@@ -1,5 +1,6 @@
 """Benchmark: training steps/s of the example trainer under ``ddp-worker`` vs plain torchrun (2 agents on
-localhost, gloo), and seconds from SIGKILL of a worker to the first training step after the restart
+localhost, gloo), and seconds from SIGKILL of a worker to the first training step after the restart, with
+pre-started trainers (the default) and without (DDPJOB_WARM_TRAINERS=0), interleaved in one run
 (``python bench/worker_overhead.py``)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,7 +39,8 @@ def env_for(workdir: Path, port: int, index: int) -> dict[str, str]:
 Procs = list[subprocess.Popen[bytes]]
 
 
-def start(workdir: Path, via: str, steps: int, extra: list[str]) -> tuple[Procs, subprocess.Popen[bytes]]:
+def start(workdir: Path, via: str, steps: int, extra: list[str],
+          env: dict[str, str] | None = None) -> tuple[Procs, subprocess.Popen[bytes]]:
     port = procs.free_port()
     rdzv = subprocess.Popen([sys.executable, "-m", "ddpjob_worker.rdzv", "--host", "127.0.0.1", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -50,8 +53,8 @@ def start(workdir: Path, via: str, steps: int, extra: list[str]) -> tuple[Procs,
         else:
             argv = [sys.executable, "-m", "torch.distributed.run", "--module", *train[1:]]
         log = open(workdir / f"{via}-{i}.log", "wb")  # noqa: SIM115
-        agents.append(subprocess.Popen(argv, env=env_for(workdir, port, i), stdout=log, stderr=subprocess.STDOUT,
-                                       cwd=workdir))
+        agents.append(subprocess.Popen(argv, env={**env_for(workdir, port, i), **(env or {})}, stdout=log,
+                                       stderr=subprocess.STDOUT, cwd=workdir))
     return agents, rdzv
 
 
@@ -90,13 +93,17 @@ def _progress(path: Path) -> dict[str, int]:
         return {}
 
 
-def kill_to_first_step(workdir: Path) -> float:
-    """SIGKILL agent 1's training process once training runs; seconds until rank 0 of the restarted group (a new
-    process) reports its first step (the progress file is written after every step)."""
-    agents, rdzv = start(workdir, "ddp-worker", 100000, ["--checkpoint-every", "10"])
+def kill_to_first_step(workdir: Path, warm: bool) -> float:
+    """SIGKILL agent 1's training process once training runs (and, with ``warm``, both agents have a pre-started
+    trainer waiting); seconds until rank 0 of the restarted group (a new process) reports its first step (the
+    progress file is written after every step)."""
+    # Many epochs: the run must outlast the wait for the pre-started trainers (the dataset caps an epoch's steps).
+    agents, rdzv = start(workdir, "ddp-worker", 100000, ["--checkpoint-every", "10", "--epochs", "1000"],
+                         {contract.DDPJOB_WARM_TRAINERS: "1" if warm else "0"})
     progress = workdir / "progress.json"
     try:
-        while _progress(progress).get("step", 0) < 15:
+        while _progress(progress).get("step", 0) < 15 or (
+                warm and not all(procs.standbys(a.pid, ready=True) for a in agents)):
             time.sleep(0.05)
         old_pid = _progress(progress)["pid"]
         victim = procs.training_processes(agents[1].pid)[0]
@@ -112,22 +119,29 @@ def kill_to_first_step(workdir: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2, help="throughput runs per launcher (0: skip them)")
     parser.add_argument("--kills", type=int, default=3)
     args = parser.parse_args()
     runs: dict[str, list[float]] = {"torchrun": [], "ddp-worker": []}
-    recovery = []
+    recovery: dict[str, list[float]] = {"cold": [], "warm": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for n, via in enumerate(("torchrun", "ddp-worker") * args.repeats):  # interleaved: drift hits both
             (work / f"run{n}").mkdir()  # a fresh checkpoint dir: a shared one would resume the finished run
             runs[via].append(throughput(work / f"run{n}", via, args.steps))
         for i in range(args.kills):
-            (work / f"kill{i}").mkdir()
-            recovery.append(kill_to_first_step(work / f"kill{i}"))
+            for kind in ("cold", "warm"):  # interleaved: drift hits both
+                (work / f"kill{i}-{kind}").mkdir()
+                recovery[kind].append(kill_to_first_step(work / f"kill{i}-{kind}", kind == "warm"))
     for via, values in runs.items():
+        if not values:
+            continue
         print(f"{via:>10}: {', '.join(f'{v:.2f}' for v in values)} steps/s (mean {sum(values) / len(values):.2f})")
-    print(f"kill -9 of a worker -> first step after restart: {', '.join(f'{s:.1f}' for s in recovery)} s")
+    for kind, label in (("cold", "DDPJOB_WARM_TRAINERS=0"), ("warm", "pre-started trainers")):
+        values = recovery[kind]
+        print(f"kill -9 of a worker -> first step after restart, {label}: {', '.join(f'{s:.1f}' for s in values)} s"
+              f" (median {statistics.median(values):.1f})")
+    print(f"warm / cold (medians): {statistics.median(recovery['warm']) / statistics.median(recovery['cold']):.2f}")
 
 
 if __name__ == "__main__":

@@ -220,9 +220,11 @@ def worker_pods(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
 # --- faults -------------------------------------------------------------------------------------------------------
 
 # Inside the worker container (no ps/pgrep in the image): the training process is the python child of torchrun,
-# which is PID 1 (ddp-worker execs the launcher). Kill every child of PID 1 whose cmdline runs the trainer.
+# which is PID 1 (ddp-worker execs the launcher). Kill every child of PID 1 whose cmdline runs the trainer,
+# except a pre-started trainer still waiting for its rank (the same command line; the image's own rule says which).
 KILL_TRAINER = r"""
 import os, signal, sys
+from ddpjob_worker.procs import is_standby
 killed = []
 for pid in os.listdir("/proc"):
     if not pid.isdigit() or pid == "1":
@@ -233,7 +235,7 @@ for pid in os.listdir("/proc"):
         cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
     except OSError:
         continue
-    if ppid == 1 and "charlm" in cmd:
+    if ppid == 1 and "charlm" in cmd and not is_standby(int(pid)):
         os.kill(int(pid), signal.SIGKILL)
         killed.append(int(pid))
 print(killed)

@@ -13,7 +13,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ddpjob_worker import causes, contract
+from ddpjob_worker import causes, contract, warm
 from ddpjob_worker.logs import get_logger
 
 log = get_logger("agent")
@@ -82,7 +82,8 @@ def fixed_size(handler: Any) -> bool:
 
 class PodAgent(LocalElasticAgent):
     """LocalElasticAgent that keeps the rendezvous open on failure, leaves the round when it exits, restarts for
-    free after a peer loss, and never restarts a full fixed-size group for a waiting node (a hot spare)."""
+    free after a peer loss, never restarts a full fixed-size group for a waiting node (a hot spare), and starts
+    its workers from pre-started trainers (ddpjob_worker.warm)."""
 
     def __init__(self, spec: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(spec, *args, **kwargs)
@@ -100,6 +101,8 @@ class PodAgent(LocalElasticAgent):
                 return 0
 
             handler.num_nodes_waiting = none_admitted
+        # One waiting trainer per local rank, importing torch while this agent waits for the others.
+        warm.prestart(spec.entrypoint, spec.args, spec.local_world_size)
 
     def run(self, role: str = "default") -> RunResult:
         try:
@@ -108,6 +111,8 @@ class PodAgent(LocalElasticAgent):
             leave_round(self._worker_group.spec.rdzv_handler)
             self._keep_rendezvous_open()
             raise
+        finally:
+            warm.POOL.close()
         if result is None:
             # torchrun's run() returns nothing when the rendezvous was closed while this node waited in the
             # redundancy list: the job finished without needing this hot spare, which then exits 0 like a worker.
@@ -133,6 +138,8 @@ class PodAgent(LocalElasticAgent):
                  worker_group.group_world_size or 0)
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        # Runs every monitor interval on the main thread, the one a waiting trainer's life is tied to.
+        warm.POOL.refill()
         result: RunResult = super()._monitor_workers(worker_group)
         if result.state in {WorkerState.FAILED, WorkerState.UNHEALTHY} and peer_loss(result.failures):
             rank, failure = min(result.failures.items(), key=lambda item: item[1].timestamp)
@@ -157,3 +164,4 @@ def install() -> None:
                   "rendezvous and peer losses will use up restarts (update ddpjob_worker.agent)")
         return
     setattr(launcher_api, "LocalElasticAgent", PodAgent)  # noqa: B010 - the module does not export the name
+    warm.install()

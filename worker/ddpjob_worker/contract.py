@@ -68,6 +68,16 @@ DDPJOB_DNS_WAIT_SECONDS = "DDPJOB_DNS_WAIT_SECONDS"
 #: ``terminationMessagePath``, ``/dev/termination-log`` by default), so the operator's Events and conditions
 #: say what went wrong instead of a log tail.
 DDPJOB_TERMINATION_LOG = "DDPJOB_TERMINATION_LOG"
+#: Optional (a user knob): ``"0"`` turns pre-started trainers off. By default the agent keeps one trainer process
+#: per local rank started ahead of time (python up, torch imported, waiting for its rank), so a restart or a hot
+#: spare's takeover does not pay the interpreter start and ``import torch`` again; costs one idle process per
+#: local rank (its memory is in docs/recovery.md).
+DDPJOB_WARM_TRAINERS = "DDPJOB_WARM_TRAINERS"
+#: Set by the agent in a pre-started trainer's environment only: it waits for its rank before running the script.
+DDPJOB_STANDBY = "DDPJOB_STANDBY"
+#: The process name (``/proc/PID/comm``) of a pre-started trainer once its imports are done and it waits for its
+#: rank; it takes the interpreter's name back when it gets one.
+STANDBY_PROCESS_NAME = "ddpjob-standby"
 
 DEFAULT_RDZV_PORT = 29400
 DEFAULT_SIGTERM_BUDGET_SECONDS = 60
@@ -96,7 +106,7 @@ WORKER_UID = 10001
 WORKER_GID = 10001
 
 #: ddpjob variables a template may set: tuning knobs, not identity or wiring.
-USER_SETTABLE_ENV = frozenset({DDPJOB_DNS_WAIT_SECONDS})
+USER_SETTABLE_ENV = frozenset({DDPJOB_DNS_WAIT_SECONDS, DDPJOB_WARM_TRAINERS})
 #: What torchrun sets in every training process: a template value would be overwritten or, worse, read by a
 #: script before torchrun's (MASTER_ADDR from a template points every rank at the wrong host).
 TORCHRUN_ENV = frozenset({

@@ -11,6 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from ddpjob_worker import contract
+
 
 def children(pid: int) -> list[int]:
     """Direct children of ``pid``."""
@@ -29,9 +31,35 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def is_standby(pid: int) -> bool:
+    """Whether ``pid`` is a pre-started trainer still waiting for its rank (ddpjob_worker.warm): started with
+    DDPJOB_STANDBY=1 (the environment it was exec'd with, from its first instant) and still reading its stdin
+    pipe (a trainer that got its rank has /dev/null there)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        started_as_standby = f"{contract.DDPJOB_STANDBY}=1".encode() in environ
+        return started_as_standby and os.readlink(f"/proc/{pid}/fd/0").startswith("pipe:")
+    except OSError:
+        return False
+
+
+def standbys(agent_pid: int, ready: bool = False) -> list[int]:
+    """The agent's pre-started trainers that wait for a rank (``ready``: only those done importing)."""
+    return [c for c in children(agent_pid) if is_standby(c) and (not ready or comm(c) == contract.STANDBY_PROCESS_NAME)]
+
+
+def comm(pid: int) -> str:
+    """The process's name (/proc/PID/comm; '' when it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def training_processes(agent_pid: int) -> list[int]:
-    """The worker processes torchrun started under an agent (its children that are not helper processes)."""
-    return [c for c in children(agent_pid) if "multiprocessing" not in cmdline(c)]
+    """The worker processes torchrun started under an agent (its children that are neither helper processes nor
+    pre-started trainers waiting for a rank)."""
+    return [c for c in children(agent_pid) if "multiprocessing" not in cmdline(c) and not is_standby(c)]
 
 
 def free_port() -> int:

@@ -9,6 +9,8 @@ import runpy
 import sys
 from collections.abc import Sequence
 
+from ddpjob_worker import contract
+
 _USAGE = "usage: python -m ddpjob_worker.recorded (--module MODULE | SCRIPT) [ARGS...]"
 
 
@@ -25,6 +27,11 @@ def _run(target: str, as_module: bool, args: list[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry; exceptions propagate (so the exit code is python's) after ``@record`` wrote them down."""
+    if os.environ.get(contract.DDPJOB_STANDBY) == "1":
+        # A pre-started trainer: torch gets imported now, the rank and the rest of the environment later.
+        from ddpjob_worker import warm
+
+        warm.standby()
     from torch.distributed.elastic.multiprocessing.errors import record
 
     args = list(sys.argv[1:] if argv is None else argv)

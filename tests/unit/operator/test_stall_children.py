@@ -155,6 +155,7 @@ def test_template_volume_named_checkpoints_is_refused() -> None:
 
 @pytest.mark.parametrize("ok", [
     with_container(env=[{"name": "DDPJOB_DNS_WAIT_SECONDS", "value": "30"}, {"name": "NCCL_DEBUG", "value": "INFO"}]),
+    with_container(env=[{"name": "DDPJOB_WARM_TRAINERS", "value": "0"}]),
     with_container(resources={"limits": {"nvidia.com/gpu": 1}}),
 ])
 def test_user_knobs_and_gpu_limits_are_accepted(ok: dict[str, Any]) -> None:

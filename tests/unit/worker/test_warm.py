@@ -1,0 +1,127 @@
+"""Pre-started trainers: the pool hands a waiting process its worker environment over the pipe, never hands out
+one that cannot run the worker, refills only after its delay; a real standby runs the script with exactly the
+environment it was sent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ddpjob_worker import contract, procs, warm
+
+# A waiting process that writes what it reads on stdin to the file named by its argument.
+ECHO = [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write(sys.stdin.read())"]
+
+
+@pytest.fixture
+def pool() -> object:
+    p = warm.Pool()
+    yield p
+    p.close()
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (None, True), ("1", True), ("0", False), ("false", False), ("OFF", False), ("no", False), ("yes", True),
+])
+def test_enabled(value: str | None, expected: bool) -> None:
+    environ = {} if value is None else {contract.DDPJOB_WARM_TRAINERS: value}
+    assert warm.enabled(environ) is expected
+
+
+def test_startup_env_keeps_what_is_read_at_interpreter_start() -> None:
+    environ = {"PYTHONPATH": "/x", "OMP_NUM_THREADS": "2", "CUDA_VISIBLE_DEVICES": "1", "RANK": "3", "HOME": "/"}
+    assert warm.startup_env(environ) == {"PYTHONPATH": "/x", "OMP_NUM_THREADS": "2", "CUDA_VISIBLE_DEVICES": "1"}
+
+
+def test_warmable_only_under_the_recorded_runner() -> None:
+    assert warm.warmable(["python", "-u", "-m", "ddpjob_worker.recorded", "--module", "m"])
+    assert not warm.warmable(["/bin/train.sh", "--lr", "1"])
+
+
+def test_take_sends_the_environment_and_closes_the_pipe(pool: warm.Pool, tmp_path: Path) -> None:
+    out = tmp_path / "got"
+    argv = [*ECHO, str(out)]
+    pool.start(argv, 0, {**os.environ, "OMP_NUM_THREADS": "1"})
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": "5"}
+    proc = pool.take(argv, 0, env)
+    assert proc is not None
+    assert proc.wait(30) == 0
+    assert json.loads(out.read_text())["env"] == env
+    assert pool.take(argv, 0, env) is None  # handed out once
+
+
+def test_a_changed_startup_environment_starts_cold_and_kills_the_waiting_one(pool: warm.Pool, tmp_path: Path) -> None:
+    argv = [*ECHO, str(tmp_path / "got")]
+    pool.start(argv, 0, {**os.environ, "CUDA_VISIBLE_DEVICES": "0"})
+    waiting = pool._waiting[(tuple(argv), 0)][0]
+    assert pool.take(argv, 0, {**os.environ, "CUDA_VISIBLE_DEVICES": "1"}) is None
+    assert waiting.poll() is not None
+    got = tmp_path / "got"
+    assert not got.exists() or not got.read_text()  # killed, and nothing was sent to it
+
+
+def test_a_dead_waiting_process_starts_cold(pool: warm.Pool) -> None:
+    argv = [sys.executable, "-c", "raise SystemExit(3)"]
+    pool.start(argv, 1, dict(os.environ))
+    pool._waiting[(tuple(argv), 1)][0].wait(30)
+    assert pool.take(argv, 1, dict(os.environ)) is None
+
+
+def test_refill_waits_for_its_delay_then_starts_with_the_workers_startup_env(pool: warm.Pool,
+                                                                            tmp_path: Path) -> None:
+    argv = [*ECHO, str(tmp_path / "got")]
+    assert pool.take(argv, 0, {**os.environ, "CUDA_VISIBLE_DEVICES": "3"}) is None  # nothing waited: cold
+    key = (tuple(argv), 0)
+    _, due = pool._wanted[key]
+    pool.refill(now=due - 1)
+    assert key not in pool._waiting
+    pool.refill(now=due)
+    proc, started_with = pool._waiting[key]
+    assert started_with["CUDA_VISIBLE_DEVICES"] == "3"  # the next worker of this rank can use it
+    pool.close()
+    assert proc.poll() is not None
+
+
+@pytest.mark.timeout(120)
+def test_standby_runs_the_script_with_the_environment_it_was_sent(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import os, sys\n"
+                      "print(os.environ.get('RANK'), os.environ.get('DDPJOB_STANDBY'), os.getenv('GONE'),\n"
+                      "      os.readlink('/proc/self/fd/0'), open('/proc/self/comm').read().strip(), sys.argv[1:])\n")
+    argv = [sys.executable, "-m", "ddpjob_worker.recorded", str(script), "a1"]
+    start_env = {**os.environ, contract.DDPJOB_STANDBY: "1", "GONE": "x"}
+    proc = subprocess.Popen(argv, env=start_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        procs_env = {k: v for k, v in os.environ.items() if k != "GONE"}
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps({"env": {**procs_env, "RANK": "7"}}) + "\n")
+        proc.stdin.close()
+        assert proc.wait(100) == 0
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+    finally:
+        proc.kill()
+    rank, standby, gone, stdin, name, args = out.strip().split(" ", 5)
+    assert (rank, standby, gone, stdin) == ("7", "None", "None", os.devnull)
+    assert name != contract.STANDBY_PROCESS_NAME and args == "['a1']"
+
+
+@pytest.mark.timeout(120)
+def test_standby_exits_0_without_running_when_the_agent_closes_the_pipe(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    proc = subprocess.Popen([sys.executable, "-m", "ddpjob_worker.recorded", str(script)],
+                            env={**os.environ, contract.DDPJOB_STANDBY: "1"}, stdin=subprocess.PIPE)
+    try:
+        assert procs.is_standby(proc.pid)
+        assert proc.stdin is not None
+        proc.stdin.close()
+        assert proc.wait(100) == 0
+    finally:
+        proc.kill()
+    assert not marker.exists()
