@@ -34,8 +34,8 @@ def test_restart_runs_in_the_prestarted_trainer_which_dies_with_its_agent(job: L
     assert second == waiting, job.logs()[-3000:]  # the very process that waited, not a new one
     assert procs.comm(second[0]) != contract.STANDBY_PROCESS_NAME
     log = job.log(0)
-    wait_until(lambda: f"the pre-started trainer (pid {second[0]}) takes this rank" in log.read_text(), 30,
-               "the agent's log line")
+    line = f"the pre-started trainer (pid {second[0]}) takes this rank (its imports were done)"
+    wait_until(lambda: line in log.read_text(), 30, "the agent's log line")
     # It trains with the restarted group's environment: it resumed from a checkpoint (restart count 1).
     wait_until(lambda: "resumed from checkpoint step-" in log.read_text(), 120, "the resume", interval=0.5)
     assert not procs.is_standby(second[0])

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ddpjob_worker import contract
+from ddpjob_worker import contract, procs
 from ddpjob_worker.logs import get_logger
 
 log = get_logger("warm")
@@ -142,6 +142,8 @@ class Pool:
             log.info("local rank %d's environment changed at startup keys; starting the worker cold", local_rank)
             _kill(proc)
             return None
+        # Its name says whether its imports are done; read before it gets the environment (it renames itself back).
+        ready = procs.comm(proc.pid) == contract.STANDBY_PROCESS_NAME
         try:
             assert proc.stdin is not None
             proc.stdin.write(json.dumps({"env": dict(env)}).encode() + b"\n")
@@ -151,6 +153,8 @@ class Pool:
                         local_rank, err)
             _kill(proc)
             return None
+        log.info("local rank %d: the pre-started trainer (pid %d) takes this rank (%s)", local_rank, proc.pid,
+                 "its imports were done" if ready else "still importing torch")
         return proc
 
     def refill(self, now: float | None = None) -> None:
@@ -211,7 +215,6 @@ def make_handler(entrypoint: str, args: tuple[Any, ...], env: dict[str, str], st
         full = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
         proc = POOL.take(argv, local_rank_id, full)
         if proc is not None:
-            log.info("local rank %d: the pre-started trainer (pid %d) takes this rank", local_rank_id, proc.pid)
             return _handler_for(proc, local_rank_id)
     return _original_handler(entrypoint=entrypoint, args=args, env=env, stdout=stdout, stderr=stderr,
                              local_rank_id=local_rank_id, numa_options=numa_options)
