@@ -37,6 +37,8 @@ import torch.distributed as dist
 
 from ddpjob_worker import contract, fencing, replicas
 from ddpjob_worker.logs import get_logger
+from ddpjob_worker.staging import BackgroundWriter, SaveFailures
+from ddpjob_worker.staging import CheckpointSaveFailed as CheckpointSaveFailed  # raised by save, wait and close
 from ddpjob_worker.storage import CorruptCheckpoint, LocalStorage, Storage
 
 log = get_logger("checkpoint")
@@ -59,8 +61,9 @@ class CheckpointConfig:
     every_steps: int = 0
     """``after_step`` saves when ``global_step`` is a multiple of this; 0 saves only when asked or preempted."""
     async_save: bool = False
-    """Writers copy the state to host memory and write it in a thread, so training does not wait for the
-    disk; the next save (or ``close``) waits for it."""
+    """Writers copy the state into host buffers kept between saves (one state's size per writer rank, see
+    staging) and write it in a thread, so training does not wait for the disk; the next save, ``wait`` or ``close``
+    waits for it, and raises on every rank if it failed."""
     sigterm_budget_seconds: float = float(contract.DEFAULT_SIGTERM_BUDGET_SECONDS)
     """After SIGTERM: seconds to finish the step and write the last checkpoint before exiting anyway."""
     handle_sigterm: bool = True
@@ -164,8 +167,11 @@ class Checkpointer:
             log.log(*self.layout.describe())
         #: This start of the process group (see fencing): set by ``resume``, or by a ``save`` before any resume.
         self.incarnation: int | None = None
-        self._writer: threading.Thread | None = None
-        self._writer_error: BaseException | None = None
+        #: A writer's asynchronous saves (host staging buffers and the thread); made by the first one.
+        self._background: BackgroundWriter | None = None
+        #: On every rank: an asynchronous save was started and its outcome not yet agreed on (see ``wait``).
+        self._async_pending = False
+        self._failures = SaveFailures(self.rank, self.device)
         self._sigterm_at: float | None = None
         self._previous_handler: Any = None
         self.last_saved_step: int | None = None
@@ -234,7 +240,9 @@ class Checkpointer:
 
     def save(self, state: TrainState, *, blocking: bool | None = None) -> None:
         """Checkpoint ``state`` as ``step-<global_step>``; collective. One rank per volume writes (rank 0 alone on a
-        shared volume); when this returns (sync mode) every copy is committed and every rank passed the barrier."""
+        shared volume); when this returns (sync mode) every copy is committed and every rank passed the barrier.
+        A save that failed on any writer raises CheckpointSaveFailed on every rank: here in sync mode, at the next
+        ``save``/``wait``/``close`` for an asynchronous one."""
         self.wait()
         if self.incarnation is None:  # no resume(): this run starts a history of its own, from scratch
             self.incarnation = fencing.begin(self._own_volume(), fencing.gather(self._own_volume()), None)
@@ -248,35 +256,33 @@ class Checkpointer:
         # DDP keeps parameters and optimizer state identical on every rank and the RNG states were just gathered,
         # so every writer's payload is the same checkpoint.
         if self.is_writer:
-            payload = self._state_dict(state, rngs)
-            if is_async:
-                payload = replicas.to_host(payload, copy=True)
-                self._writer = threading.Thread(target=self._write,
-                                                args=(state.global_step, payload, self.incarnation),
-                                                name="ddpjob-ckpt-writer", daemon=True)
-                self._writer.start()
-            else:
-                self._write(state.global_step, payload, self.incarnation)
-        if self._distributed and not is_async:
-            dist.barrier()
-        self._raise_writer_error()
+            write = functools.partial(self._write, state.global_step, self.incarnation)
+            failed = functools.partial(self._failures.record, state.global_step)
+            try:
+                payload = self._state_dict(state, rngs)
+                if is_async:
+                    self._background = self._background or BackgroundWriter()
+                    self._background.start(payload, write, failed)  # returns once the host copy is taken
+                else:
+                    write(payload)
+            except Exception as err:  # every rank must still reach the collective below (or the next wait's)
+                failed(err)
+        if is_async:
+            self._async_pending = True
+        else:
+            self._failures.raise_everywhere()  # doubles as the barrier: every copy is committed when it returns
 
-    def _write(self, step: int, payload: dict[str, Any], incarnation: int) -> None:
+    def _write(self, step: int, incarnation: int, payload: dict[str, Any]) -> None:
         started = time.monotonic()
-        try:
-            meta = {"world_size": self.world_size, fencing.INCARNATION: incarnation}
-            manifest = self.storage.write(step, payload, meta, before_commit=functools.partial(
-                fencing.ensure_current, self.storage, incarnation))
-            seconds = time.monotonic() - started
-            self.last_saved_step, self.last_saved_time = step, time.time()
-            removed = self._purge(protect=step)
-            log.info("checkpoint step-%d saved: %.1f MB in %.2fs (%.0f MB/s), sha256 %s...%s", step,
-                     manifest.size / 1e6, seconds, manifest.size / 1e6 / max(seconds, 1e-9), manifest.sha256[:12],
-                     f"; removed step {removed}" if removed else "")
-        except BaseException as err:  # surfaced on the training thread by the next save/wait
-            self._writer_error = err
-            log.error("checkpoint step-%d %s: %s", step,
-                      "not committed" if isinstance(err, fencing.Fenced) else "failed", err)
+        meta = {"world_size": self.world_size, fencing.INCARNATION: incarnation}
+        manifest = self.storage.write(step, payload, meta, before_commit=functools.partial(
+            fencing.ensure_current, self.storage, incarnation))
+        seconds = time.monotonic() - started
+        self.last_saved_step, self.last_saved_time = step, time.time()
+        removed = self._purge(protect=step)
+        log.info("checkpoint step-%d saved: %.1f MB in %.2fs (%.0f MB/s), sha256 %s...%s", step,
+                 manifest.size / 1e6, seconds, manifest.size / 1e6 / max(seconds, 1e-9), manifest.sha256[:12],
+                 f"; removed step {removed}" if removed else "")
 
     def _purge(self, protect: int | None) -> list[int]:
         """Rotation by this volume's records, so that a stale checkpoint never counts as one of the ``keep``."""
@@ -289,16 +295,14 @@ class Checkpointer:
         return self.storage if self.is_writer else None
 
     def wait(self) -> None:
-        """Block until an asynchronous save has been committed."""
-        if self._writer is not None:
-            self._writer.join()
-            self._writer = None
-        self._raise_writer_error()
-
-    def _raise_writer_error(self) -> None:
-        if self._writer_error is not None:
-            err, self._writer_error = self._writer_error, None
-            raise RuntimeError("saving a checkpoint failed") from err
+        """Block until an asynchronous save has been committed; collective. If it failed on any writer, every
+        rank raises the same CheckpointSaveFailed (naming the writer and the cause)."""
+        if not self._async_pending:  # the same on every rank: all of them started the save or none did
+            return
+        if self._background is not None:
+            self._background.join()
+        self._async_pending = False
+        self._failures.raise_everywhere()
 
     # --- resume ---
 
@@ -389,8 +393,12 @@ class Checkpointer:
         restore_rng(rngs[self.rank % len(rngs)])
 
     def close(self) -> None:
-        """Wait for a pending save and give SIGTERM back to its previous handler."""
-        self.wait()
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
+        """Wait for a pending save (collective: raises if it failed), free the staging buffers and give SIGTERM
+        back to its previous handler."""
+        try:
+            self.wait()
+        finally:
+            self._background = None  # frees the staging buffers
+            if self._previous_handler is not None:
+                signal.signal(signal.SIGTERM, self._previous_handler)
+                self._previous_handler = None
