@@ -219,25 +219,16 @@ def worker_pods(cluster: Cluster, ns: str, name: str) -> list[dict[str, Any]]:
 
 # --- faults -------------------------------------------------------------------------------------------------------
 
-# Inside the worker container (no ps/pgrep in the image): the training process is the python child of torchrun,
-# which is PID 1 (ddp-worker execs the launcher). Kill every child of PID 1 whose cmdline runs the trainer,
-# except a pre-started trainer still waiting for its rank (the same command line; the image's own rule says which).
+# Inside the worker container (no ps/pgrep in the image): the training processes are torchrun's workers under PID 1
+# (ddp-worker execs the launcher); the image's own rule finds them (not helpers the agent runs, not a pre-started
+# trainer still waiting for its rank).
 KILL_TRAINER = r"""
 import os, signal, sys
-from ddpjob_worker.procs import is_standby
+from ddpjob_worker.procs import training_processes
 killed = []
-for pid in os.listdir("/proc"):
-    if not pid.isdigit() or pid == "1":
-        continue
-    try:
-        stat = open(f"/proc/{pid}/stat").read()
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-    except OSError:
-        continue
-    if ppid == 1 and "charlm" in cmd and not is_standby(int(pid)):
-        os.kill(int(pid), signal.SIGKILL)
-        killed.append(int(pid))
+for pid in training_processes(1):
+    os.kill(pid, signal.SIGKILL)
+    killed.append(pid)
 print(killed)
 sys.exit(0 if killed else 3)
 """
@@ -245,7 +236,7 @@ sys.exit(0 if killed else 3)
 
 def has_trainer(cluster: Cluster, ns: str, pod: str) -> bool:
     """Whether the pod runs a training process (a hot spare's agent waits without one)."""
-    probe = KILL_TRAINER.replace("os.kill(int(pid), signal.SIGKILL)", "pass")
+    probe = KILL_TRAINER.replace("os.kill(pid, signal.SIGKILL)", "pass")
     return cluster.kubectl("exec", "-n", ns, pod, "-c", "worker", "--", "python", "-c", probe,
                            check=False).returncode == 0
 

@@ -31,16 +31,42 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def is_standby(pid: int) -> bool:
-    """Whether ``pid`` is a pre-started trainer still waiting for its rank (ddpjob_worker.warm): started with
-    DDPJOB_STANDBY=1 (the environment it was exec'd with, from its first instant) and still reading its stdin
-    pipe (a trainer that got its rank has /dev/null there)."""
+#: Set by torchrun's agent in the environment of each worker it starts; its other children (helpers) inherit the
+#: agent's own environment, which lacks it.
+_WORKER_MARKER = b"TORCHELASTIC_RUN_ID="
+
+
+def _exec_environ(pid: int) -> list[bytes]:
+    """The environment ``pid`` was exec'd with (later changes of its own environment do not show here)."""
+    return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+
+
+def _is_torchrun_worker(pid: int) -> bool:
+    """Whether ``pid`` runs with the environment torchrun gives its workers."""
     try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        started_as_standby = f"{contract.DDPJOB_STANDBY}=1".encode() in environ
-        return started_as_standby and os.readlink(f"/proc/{pid}/fd/0").startswith("pipe:")
+        return any(entry.startswith(_WORKER_MARKER) for entry in _exec_environ(pid))
     except OSError:
         return False
+
+
+def _started_as_standby(pid: int) -> bool:
+    try:
+        return f"{contract.DDPJOB_STANDBY}=1".encode() in _exec_environ(pid)
+    except OSError:
+        return False
+
+
+def _reads_a_pipe(pid: int) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/0").startswith("pipe:")
+    except OSError:
+        return False
+
+
+def is_standby(pid: int) -> bool:
+    """Whether ``pid`` is a pre-started trainer still waiting for its rank (ddpjob_worker.warm): exec'd with
+    DDPJOB_STANDBY=1 and still reading its stdin pipe (one that got its rank has /dev/null there)."""
+    return _started_as_standby(pid) and _reads_a_pipe(pid)
 
 
 def standbys(agent_pid: int, ready: bool = False) -> list[int]:
@@ -57,9 +83,16 @@ def comm(pid: int) -> str:
 
 
 def training_processes(agent_pid: int) -> list[int]:
-    """The worker processes torchrun started under an agent (its children that are neither helper processes nor
-    pre-started trainers waiting for a rank)."""
-    return [c for c in children(agent_pid) if "multiprocessing" not in cmdline(c) and not is_standby(c)]
+    """The worker processes torchrun started under an agent: those it exec'd with a worker's environment, and
+    pre-started trainers that got their rank (exec'd before their rank existed, so only their stdin tells).
+
+    Picked by environment, not command line: the agent also runs short-lived helpers (``/sbin/ldconfig -p``, which
+    ctypes.util.find_library runs while torch is imported; multiprocessing's tracker), and between fork and exec
+    any child shows the agent's own command line. Such a pid is gone a moment later, so a caller that kills it gets
+    ProcessLookupError, or kills whatever process reuses the pid. A child that has not exec'ed yet still has the
+    agent's environment, so it is only counted once it is the worker."""
+    return [c for c in children(agent_pid)
+            if _is_torchrun_worker(c) or (_started_as_standby(c) and not _reads_a_pipe(c))]
 
 
 def free_port() -> int:
