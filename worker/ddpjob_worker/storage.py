@@ -199,13 +199,15 @@ class LocalStorage:
             try:
                 with _no_zip_crc32():
                     torch.save(dict(state), tmp / PAYLOAD)
+                # Flush while the hasher still reads the tail from the page cache: on a busy machine the SHA-256
+                # lags the writer, and waiting for it before the fsync left the disk idle for that long.
+                fd = os.open(tmp / PAYLOAD, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
             finally:
                 digest = hasher.hexdigest()
-            fd = os.open(tmp / PAYLOAD, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
             manifest = Manifest(
                 step=step,
                 sha256=digest,

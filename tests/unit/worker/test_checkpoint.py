@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import random
 from pathlib import Path
 
@@ -150,3 +151,29 @@ def test_purge_never_removes_the_step_just_written(tmp_path: Path) -> None:
         storage.write(step, {"x": torch.zeros(1)}, {})
     assert storage.purge(2, protect=1) == [100]
     assert storage.committed_steps() == [200, 1]
+
+
+def test_payload_is_durable_before_its_marker_exists_and_before_the_rename(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # A crash may leave a committed folder only if its payload reached the disk first: the payload's fsync must
+    # come after torch.save's last byte, and before the marker is written and the folder renamed into place.
+    events: list[tuple[str, str, int, bool]] = []
+    fsync, rename = os.fsync, os.rename
+
+    def recording_fsync(fd: int) -> None:
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        marker = os.path.exists(os.path.join(os.path.dirname(path), MARKER))
+        events.append(("fsync", os.path.basename(path), os.stat(path).st_size, marker))
+        fsync(fd)
+
+    def recording_rename(src: str, dst: str) -> None:
+        events.append(("rename", os.path.basename(dst), 0, False))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(os, "rename", recording_rename)
+    manifest = LocalStorage(tmp_path).write(3, {"big": torch.rand(1 << 20)}, {})
+    kinds = [(kind, name) for kind, name, _, _ in events]
+    payload = kinds.index(("fsync", PAYLOAD))
+    assert events[payload][2:] == (manifest.size, False)  # whole file synced, no marker yet
+    assert payload < kinds.index(("fsync", MARKER)) < kinds.index(("rename", "step-3"))
