@@ -20,6 +20,8 @@ from ddpjob_operator.observed import ChildView, PodView
 
 Key = tuple[str, str]
 """(namespace, job name)."""
+Listed = tuple[Key, PodView | ChildView]
+"""A LIST item as the cache keeps it: its job and its view."""
 
 #: How long a deleted pod is remembered as a tombstone (long enough for a few passes to count it).
 TOMBSTONE_SECONDS = 300.0
@@ -36,6 +38,15 @@ def job_key(obj: Mapping[str, Any]) -> Key | None:
     meta = obj.get("metadata") or {}
     job = (meta.get("labels") or {}).get(names.LABEL_JOB_NAME)
     return (str(meta.get("namespace") or ""), str(job)) if job else None
+
+
+def listed(kind: str, obj: Mapping[str, Any]) -> Listed | None:
+    """A LIST item's job and view, or None if it has no job label. A resync turns each page into views at once:
+    the raw items of a LIST of thousands of pods, held together, were the operator's peak memory."""
+    key = job_key(obj)
+    if key is None:
+        return None
+    return key, (PodView.from_pod(obj) if kind == "Pod" else ChildView.from_object(obj, kind))
 
 
 class ChildCache:
@@ -96,32 +107,29 @@ class ChildCache:
 
     # --- resync ---
 
-    def resync(self, kind: str, items: Iterable[Mapping[str, Any]], list_rv: int,
-               scope: Iterable[str] | None = None) -> set[Key]:
-        """Replace what a LIST at ``list_rv`` covers (all namespaces, or those in ``scope``); returns the jobs
-        whose children changed. Objects newer than the LIST (seen by a watch meanwhile) are kept."""
-        listed: dict[Key, dict[str, Mapping[str, Any]]] = {}
-        for obj in items:
-            key = job_key(obj)
-            if key is not None:
-                uid = str((obj.get("metadata") or {}).get("uid") or "")
-                listed.setdefault(key, {})[uid] = obj
+    def resync(self, kind: str, items: Iterable[Listed], list_rv: int, scope: Iterable[str] | None = None) -> set[Key]:
+        """Replace what a LIST at ``list_rv`` covers (all namespaces, or those in ``scope``) with its items (see
+        ``listed``); returns the jobs whose children changed. Objects newer than the LIST (seen by a watch
+        meanwhile) are kept."""
+        by_job: dict[Key, dict[str, Any]] = {}
+        for key, view in items:
+            by_job.setdefault(key, {})[view.uid] = view
         namespaces = set(scope) if scope is not None else None
         store: Mapping[Key, Mapping[Any, Any]] = self._pods if kind == "Pod" else self._children
         changed: set[Key] = set()
-        for key in set(store) | set(listed):
+        for key in set(store) | set(by_job):
             if namespaces is not None and key[0] not in namespaces:
                 continue
-            if self._resync_job(kind, key, listed.get(key, {}), list_rv):
+            if self._resync_job(kind, key, by_job.get(key, {}), list_rv):
                 changed.add(key)
         return changed
 
-    def _resync_job(self, kind: str, key: Key, listed: Mapping[str, Mapping[str, Any]], list_rv: int) -> bool:
+    def _resync_job(self, kind: str, key: Key, listed: Mapping[str, Any], list_rv: int) -> bool:
         if kind == "Pod":
             return self._resync_pods(key, listed, list_rv)
         return self._resync_children(kind, key, listed, list_rv)
 
-    def _resync_pods(self, key: Key, listed: Mapping[str, Mapping[str, Any]], list_rv: int) -> bool:
+    def _resync_pods(self, key: Key, listed: Mapping[str, PodView], list_rv: int) -> bool:
         changed = False
         pods = self._pods.setdefault(key, {})
         for uid, view in list(pods.items()):
@@ -130,8 +138,7 @@ class ChildCache:
                 self._bury(key, view)  # deleted while no watch told us
                 changed = True
         tombs = self._tombs.get(key, {})
-        for uid, obj in listed.items():
-            view = PodView.from_pod(obj)
+        for uid, view in listed.items():
             old = pods.get(uid)
             if uid in tombs or (old is not None and old.resource_version >= view.resource_version):
                 continue
@@ -139,10 +146,10 @@ class ChildCache:
             changed = True
         return changed
 
-    def _resync_children(self, kind: str, key: Key, listed: Mapping[str, Mapping[str, Any]], list_rv: int) -> bool:
+    def _resync_children(self, kind: str, key: Key, listed: Mapping[str, ChildView], list_rv: int) -> bool:
         changed = False
         group = self._children.setdefault(key, {})
-        fresh = {(kind, v.name): v for v in (ChildView.from_object(o, kind) for o in listed.values())}
+        fresh = {(kind, v.name): v for v in listed.values()}
         for ck, child in list(group.items()):
             if ck[0] == kind and ck not in fresh and child.resource_version <= list_rv:
                 del group[ck]

@@ -108,17 +108,14 @@ class Controller:
             if key in self.jobs:
                 self.queue.add(key)
 
-    def resync_jobs(self, bodies: list[dict[str, Any]], list_rv: int, scope: Iterable[str] | None) -> None:
-        """A LIST of DDPJobs: forget jobs deleted while the watch was down, learn missed ones, pass every job."""
-        listed = {((b.get("metadata") or {}).get("namespace", ""), (b.get("metadata") or {}).get("name", "")): b
-                  for b in bodies}
+    def forget_unlisted(self, listed: set[Key], list_rv: int, scope: Iterable[str] | None) -> None:
+        """After a LIST of DDPJobs (whose bodies went through ``job_seen``): forget jobs deleted while the watch
+        was down."""
         namespaces = set(scope) if scope is not None else None
         for key, mem in list(self.jobs.items()):
             if key not in listed and mem.resource_version <= list_rv and (namespaces is None or key[0] in namespaces):
                 log.info("job=%s/%s is gone (resync); forgetting it", *key)
                 self.job_seen("DELETED", mem.body)
-        for body in listed.values():
-            self.job_seen("RESYNC", body)
 
     async def _work(self) -> None:
         if self._synced is not None:

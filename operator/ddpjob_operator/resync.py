@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 
 from kopf._cogs.clients import errors as kopf_errors
 
-from ddpjob_operator.cache import ChildCache, Key
+from ddpjob_operator.cache import ChildCache, Key, Listed, listed
 from ddpjob_operator.kube import API_VERSIONS, OPTIONAL_KINDS, Kube
 from ddpjob_operator.names import LABEL_JOB_NAME
 from ddpjob_operator.spec import API_VERSION, KIND
@@ -36,9 +36,22 @@ def _skip_once(kind: str, err: Exception) -> None:
 class JobSink(Protocol):
     """What the resync feeds: the controller."""
 
-    def resync_jobs(self, bodies: list[dict[str, object]], list_rv: int, scope: Iterable[str] | None) -> None: ...
+    def job_seen(self, event_type: str | None, body: Mapping[str, Any]) -> None: ...
+
+    def forget_unlisted(self, listed: set[Key], list_rv: int, scope: Iterable[str] | None) -> None: ...
 
     def enqueue(self, keys: Iterable[Key]) -> None: ...
+
+
+async def _list_children(kube: Kube, kind: str, scopes: list[str | None]) -> tuple[list[Listed], int]:
+    """Every child of ``kind`` as a view, and the LIST's resourceVersion; raw items are dropped page by page."""
+    views: list[Listed] = []
+    rv = 0
+    for ns in scopes:
+        async for page, page_rv in kube.pages(API_VERSIONS[kind], kind, ns, LABEL_JOB_NAME):
+            views += [v for v in (listed(kind, obj) for obj in page) if v is not None]
+            rv = max(rv, page_rv)
+    return views, rv
 
 
 async def resync_once(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: list[str]) -> int:
@@ -46,27 +59,25 @@ async def resync_once(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: 
     scopes: list[str | None] = list(namespaces) if namespaces else [None]
     scope = namespaces or None
     changed: set[Key] = set()
-    for kind, api_version in API_VERSIONS.items():
-        items: list[dict[str, object]] = []
-        rv = 0
+    for kind in API_VERSIONS:
         try:
-            for ns in scopes:
-                page, page_rv = await kube.list(api_version, kind, ns, LABEL_JOB_NAME)
-                items += page
-                rv = max(rv, page_rv)
+            views, rv = await _list_children(kube, kind, scopes)
         except (kopf_errors.APINotFoundError, kopf_errors.APIForbiddenError) as err:
             if kind not in OPTIONAL_KINDS:
                 raise
             _skip_once(kind, err)
             continue
-        changed |= cache.resync(kind, items, rv, scope)
-    jobs: list[dict[str, object]] = []
+        changed |= cache.resync(kind, views, rv, scope)
+    jobs: set[Key] = set()
     jobs_rv = 0
     for ns in scopes:
-        page, page_rv = await kube.list(API_VERSION, KIND, ns, "")
-        jobs += page
-        jobs_rv = max(jobs_rv, page_rv)
-    sink.resync_jobs(jobs, jobs_rv, scope)
+        async for page, page_rv in kube.pages(API_VERSION, KIND, ns, ""):
+            for body in page:  # learn missed jobs and pass every job, one page of bodies at a time
+                meta = body.get("metadata") or {}
+                jobs.add((str(meta.get("namespace") or ""), str(meta.get("name") or "")))
+                sink.job_seen("RESYNC", body)
+            jobs_rv = max(jobs_rv, page_rv)
+    sink.forget_unlisted(jobs, jobs_rv, scope)
     sink.enqueue(changed)
     return len(changed)
 

@@ -178,3 +178,13 @@ def test_refused_pod_create_says_why_in_the_same_pass(events: list[tuple[str, st
     assert refused["status"] == "True" and refused["reason"] == "PodSecurity"
     assert "allowPrivilegeEscalation" in refused["message"] and "Pod Security level" in refused["message"]
     assert c.jobs[("ns", "job")].refusals == 1
+
+
+def test_resync_forgets_jobs_the_list_lacks_unless_newer_than_it() -> None:
+    c = ctl.Controller()
+    old, new = make_job("old").obj(), make_job("new").obj()
+    old["metadata"]["resourceVersion"], new["metadata"]["resourceVersion"] = "5", "50"
+    c.job_seen(None, old)
+    c.job_seen(None, new)
+    c.forget_unlisted(set(), 10, ["ns"])
+    assert set(c.jobs) == {("ns", "new")}

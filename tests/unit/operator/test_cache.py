@@ -1,0 +1,52 @@
+"""The child cache's resync: LIST items arrive as views (page by page), the cache keeps what is newer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ddpjob_operator.cache import ChildCache, listed
+
+from .factories import make_job, pod_obj
+
+
+def _with_rv(obj: dict[str, Any], rv: int) -> dict[str, Any]:
+    obj["metadata"]["resourceVersion"] = str(rv)
+    return obj
+
+
+def test_listed_keeps_only_labelled_items_as_views() -> None:
+    job = make_job().obj()
+    pod = pod_obj(job, 0)
+    key, view = listed("Pod", pod) or (None, None)
+    assert key == ("ns", "job") and view is not None and view.name == pod["metadata"]["name"]
+    assert listed("Service", {"metadata": {"name": "other", "namespace": "ns"}}) is None
+
+
+def test_resync_buries_what_the_list_lacks_and_keeps_what_a_watch_saw_later() -> None:
+    job = make_job().obj()
+    gone, later, fresh = (_with_rv(pod_obj(job, i), rv) for i, rv in ((0, 5), (1, 20), (2, 7)))
+    cache = ChildCache(clock=lambda: 0.0)
+    cache.apply("Pod", "ADDED", gone)
+    cache.apply("Pod", "ADDED", later)  # seen by a watch after the LIST's resourceVersion (10)
+    items = [v for v in (listed("Pod", fresh),) if v is not None]
+    changed = cache.resync("Pod", items, 10, scope=["ns"])
+    assert changed == {("ns", "job")}
+    by_name = {p.name: p for p in cache.pods(("ns", "job"))}
+    assert by_name[gone["metadata"]["name"]].gone, "deleted while no watch told us: a tombstone"
+    assert not by_name[later["metadata"]["name"]].gone
+    assert not by_name[fresh["metadata"]["name"]].gone
+
+
+def test_resync_replaces_children_of_the_listed_kind_only() -> None:
+    def child(name: str, uid: str, rv: int) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": str(rv),
+                             "labels": {"ddpjob.io/job-name": "job"}}}
+
+    cache = ChildCache()
+    cache.apply("Service", "ADDED", child("job", "s1", 3))
+    cache.apply("Role", "ADDED", child("job-worker", "r1", 3))
+    items = [v for v in (listed("Service", child("job", "s2", 8)),) if v is not None]
+    assert cache.resync("Service", items, 9) == {("ns", "job")}
+    kids = cache.children(("ns", "job"))
+    assert kids[("Service", "job")].uid == "s2", "recreated while no watch told us"
+    assert ("Role", "job-worker") in kids, "a LIST of Services says nothing about Roles"
