@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -23,6 +24,10 @@ def operator(
     ] = 60.0,
 ) -> None:
     """Run the ddpjob operator against the current kubeconfig (or in-cluster config)."""
+    # kopf imports the kubernetes client whenever it is installed, only to recognise its model objects, which the
+    # operator never passes it: ~10 MB of RSS (66 -> 56 MB after importing the handlers). The operator image does
+    # not install it; a dev venv does (the worker's extra), and the operator must behave and measure the same there.
+    sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
     from ddpjob_operator.main import run_operator  # imported late: `ddpjob run` needs no kopf start-up
 
     raise typer.Exit(run_operator(namespaces=namespace or [], metrics_port=metrics_port, liveness_port=liveness_port,

@@ -44,6 +44,16 @@ def _rv(body: Mapping[str, Any]) -> int:
     return count((body.get("metadata") or {}).get("resourceVersion"))
 
 
+def _kept(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The DDPJob body as kept between passes: without metadata.managedFields, the API server's field-ownership
+    bookkeeping that nothing here reads and that outweighs the spec (one entry per writer: the submitter, every
+    status write, the progress reporter)."""
+    meta = body.get("metadata") or {}
+    if "managedFields" not in meta:
+        return dict(body)
+    return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
 class Controller:
     """Owns the job cache, the queue and the workers of one operator process."""
 
@@ -91,9 +101,9 @@ class Controller:
         mem = self.jobs.get(key)
         rv = _rv(body)
         if mem is None or mem.body["metadata"].get("uid") != meta.get("uid"):
-            self.jobs[key] = JobMemory(body=dict(body), resource_version=rv)
+            self.jobs[key] = JobMemory(body=_kept(body), resource_version=rv)
         elif rv >= mem.resource_version:  # never go back to a body older than our own status write
-            mem.body, mem.resource_version = dict(body), rv
+            mem.body, mem.resource_version = _kept(body), rv
         self.queue.add(key)
 
     def child_seen(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -182,7 +192,7 @@ class Controller:
         if plan.patch:
             fresh = await self.kube.patch_status(key[0], key[1], plan.patch)
             if fresh and _rv(fresh) >= mem.resource_version:
-                mem.body, mem.resource_version = fresh, _rv(fresh)
+                mem.body, mem.resource_version = _kept(fresh), _rv(fresh)
             if plan.status.get("state") == st.RUNNING and _first_start(body.get("status") or {}):
                 self._observe_time_to_running(body, now)
         mem.restarts_floor = max(mem.restarts_floor, int(plan.status.get("restarts") or 0))

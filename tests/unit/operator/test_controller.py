@@ -180,6 +180,16 @@ def test_refused_pod_create_says_why_in_the_same_pass(events: list[tuple[str, st
     assert c.jobs[("ns", "job")].refusals == 1
 
 
+def test_kept_body_drops_managed_fields_only() -> None:
+    job = make_job().obj()
+    job["metadata"]["managedFields"] = [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}]
+    c = ctl.Controller()
+    c.job_seen(None, job)
+    kept = c.jobs[("ns", "job")].body
+    assert "managedFields" not in kept["metadata"] and kept["metadata"]["uid"] == job["metadata"]["uid"]
+    assert "managedFields" in job["metadata"], "the watch's body is not modified"
+
+
 def test_resync_forgets_jobs_the_list_lacks_unless_newer_than_it() -> None:
     c = ctl.Controller()
     old, new = make_job("old").obj(), make_job("new").obj()

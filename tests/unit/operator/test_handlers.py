@@ -1,0 +1,65 @@
+"""The kopf wiring: only event handlers (so kopf's diff base may stay unbuilt), and bounds on what kopf and the API
+layer hold at once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, cast
+
+import kopf
+import pytest
+from ddpjob_operator import handlers, kube
+from kopf._cogs.clients import api as kopf_api
+
+
+def test_only_event_handlers_are_registered_so_no_diff_base_is_needed() -> None:
+    registry = kopf.get_default_registry()
+    watched = {getattr(h.fn, "__name__", "") for h in registry._watching.get_all_handlers()}
+    assert {"ddpjob_event", "pod_event", "service_event"} <= watched
+    assert not registry._changing.get_all_handlers(), "on.create/update/field handlers need kopf's diff base"
+    assert not registry._spawning.get_all_handlers(), "daemons and timers need kopf's diff base"
+
+
+def test_the_diff_base_is_empty_whatever_the_object() -> None:
+    body = kopf.Body({"metadata": {"name": "p", "labels": {"a": "b"}}, "spec": {"x": 1}, "status": {"y": 2}})
+    assert handlers.EventHandlersOnly().build(body=body) == {}
+
+
+def test_settings_bound_what_kopf_holds_at_once() -> None:
+    settings = kopf.OperatorSettings()
+    asyncio.run(cast(Any, handlers.configure)(settings=settings))  # kopf's decorator hides the signature
+    assert settings.watching.chunk_size == kube.LIST_PAGE, "kopf's re-lists come in pages"
+    assert settings.queueing.idle_timeout == handlers.IDLE_WORKER_SECONDS
+    assert settings.posting.worker_limit == handlers.EVENT_POSTERS
+    assert isinstance(settings.persistence.diffbase_storage, handlers.EventHandlersOnly)
+
+
+def test_requests_in_flight_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    in_flight, peak = 0, 0
+
+    class Response:
+        async def __aenter__(self) -> Response:
+            return self
+
+        async def __aexit__(self, *_: object) -> None:
+            return None
+
+        async def text(self) -> str:
+            return "{}"
+
+    async def request(*_: object, **__: object) -> Response:
+        nonlocal in_flight, peak
+        in_flight += 1
+        peak = max(peak, in_flight)
+        await asyncio.sleep(0.01)
+        in_flight -= 1
+        return Response()
+
+    async def scenario() -> None:
+        api = kube.Kube(kopf.OperatorSettings(), logging.getLogger("test"))
+        await asyncio.gather(*(api.get("v1", "Pod", "ns", f"p{i}") for i in range(3 * kube.MAX_IN_FLIGHT)))
+
+    monkeypatch.setattr(kopf_api, "request", request)
+    asyncio.run(scenario())
+    assert peak == kube.MAX_IN_FLIGHT
