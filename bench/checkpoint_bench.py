@@ -191,6 +191,8 @@ def main() -> None:
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--repeats", type=int, default=3, help="best of N")
     args = parser.parse_args()
+    if args.dir is not None:
+        args.dir.mkdir(parents=True, exist_ok=True)  # the temp dir inside it is removed afterwards, not the folder
     torch.set_num_threads(1)
     logging.getLogger("ddpjob").setLevel(logging.WARNING)  # one "saved" line per checkpoint would drown the table
     print(f"load average at start: {load_average()}; torch {torch.__version__}; best of {args.repeats}")
