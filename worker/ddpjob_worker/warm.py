@@ -35,9 +35,11 @@ from ddpjob_worker.logs import get_logger
 
 log = get_logger("warm")
 
-#: Imported by a waiting trainer before it blocks: what every training script pays first.
+#: Imported by a waiting trainer before it blocks: what every training script pays first. torch._dynamo is what
+#: DistributedDataParallel's constructor imports lazily (908 modules, sympy included): 2.4-2.8 s on an idle 2-core
+#: machine, paid by every DDP script right after its rendezvous otherwise.
 PRELOAD = ("torch", "torch.nn", "torch.distributed", "torch.nn.parallel", "torch.utils.data",
-           "torch.distributed.elastic.multiprocessing.errors")
+           "torch.distributed.elastic.multiprocessing.errors", "torch._dynamo")
 #: Environment read when the interpreter or torch starts, not when the script runs: a worker whose values differ
 #: from the waiting process's cannot use it.
 STARTUP_KEYS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
