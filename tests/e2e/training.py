@@ -237,6 +237,7 @@ sys.exit(0 if killed else 3)
 def has_trainer(cluster: Cluster, ns: str, pod: str) -> bool:
     """Whether the pod runs a training process (a hot spare's agent waits without one)."""
     probe = KILL_TRAINER.replace("os.kill(pid, signal.SIGKILL)", "pass")
+    assert probe != KILL_TRAINER, "the probe would kill the trainer: KILL_TRAINER's kill line changed"
     return cluster.kubectl("exec", "-n", ns, pod, "-c", "worker", "--", "python", "-c", probe,
                            check=False).returncode == 0
 

@@ -69,9 +69,14 @@ def is_standby(pid: int) -> bool:
     return _started_as_standby(pid) and _reads_a_pipe(pid)
 
 
+def standby_ready(pid: int) -> bool:
+    """Whether the pre-started trainer ``pid`` is done importing (it takes its standby name only then)."""
+    return comm(pid) == contract.STANDBY_PROCESS_NAME
+
+
 def standbys(agent_pid: int, ready: bool = False) -> list[int]:
     """The agent's pre-started trainers that wait for a rank (``ready``: only those done importing)."""
-    return [c for c in children(agent_pid) if is_standby(c) and (not ready or comm(c) == contract.STANDBY_PROCESS_NAME)]
+    return [c for c in children(agent_pid) if is_standby(c) and (not ready or standby_ready(c))]
 
 
 def comm(pid: int) -> str:

@@ -27,7 +27,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from ddpjob_worker import contract, procs
@@ -86,10 +85,7 @@ def _read_line(fd: int) -> bytes:
 def standby() -> None:
     """In a pre-started trainer: import torch, wait for the worker environment, install it and return (the
     caller then runs the script). Exits 0 without running anything when the agent closes the pipe instead."""
-    try:
-        name = Path("/proc/self/comm").read_bytes().strip()
-    except OSError:
-        name = b"python"
+    name = procs.comm(os.getpid()).encode() or b"python"
     # Killed with the agent's (main) thread: an agent that is SIGKILLed leaves no idle trainers behind.
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     for module in PRELOAD:
@@ -111,8 +107,7 @@ def standby() -> None:
 class Pool:
     """The waiting trainers of one agent, one per (command line, local rank)."""
 
-    def __init__(self, popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen) -> None:
-        self._popen = popen
+    def __init__(self) -> None:
         # (command line, local rank) -> the waiting process and the startup environment it was started with
         self._waiting: dict[tuple[tuple[str, ...], int], tuple[subprocess.Popen[bytes], dict[str, str]]] = {}
         self._wanted: dict[tuple[tuple[str, ...], int], tuple[dict[str, str], float]] = {}
@@ -124,7 +119,7 @@ class Pool:
         if old is not None:
             _kill(old[0])
         env = {**environ, contract.DDPJOB_STANDBY: "1"}
-        proc = self._popen(list(argv), env=env, stdin=subprocess.PIPE, start_new_session=True)
+        proc = subprocess.Popen(list(argv), env=env, stdin=subprocess.PIPE, start_new_session=True)
         self._waiting[key] = (proc, startup_env(environ))
 
     def take(self, argv: Sequence[str], local_rank: int, env: Mapping[str, str]) -> subprocess.Popen[bytes] | None:
@@ -145,7 +140,7 @@ class Pool:
             _kill(proc)
             return None
         # Its name says whether its imports are done; read before it gets the environment (it renames itself back).
-        ready = procs.comm(proc.pid) == contract.STANDBY_PROCESS_NAME
+        ready = procs.standby_ready(proc.pid)
         try:
             assert proc.stdin is not None
             proc.stdin.write(json.dumps({"env": dict(env)}).encode() + b"\n")
