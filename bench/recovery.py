@@ -6,8 +6,10 @@ the total, from the fault to the first training step after it.
     .venv/bin/python bench/recovery.py --kubeconfig KC                    # any cluster with the images
 
 Kinds: ``kill -9`` (the trainer of a training pod: torchrun restarts the group in the pod), ``pod deleted`` (a
-training pod, gracefully: a spare can take its place), ``rendezvous deleted`` (the store pod: every agent
-re-joins a new store). Clock: the fault's own time (this process, milliseconds) to rank 0's start record
+training pod, gracefully: a spare can take its place), ``rendezvous deleted`` (the store pod: the group trains
+through and the agents reconnect to the new store; the total is then the first step rank 0 logs after the fault).
+Each fault comes ``--spacing`` seconds after the job is quiet again (Running, incident recovered, spares back, a
+newer checkpoint). Clock: the fault's own time (this process, milliseconds) to rank 0's start record
 (``status.progress.start``: rendezvous, checkpointLoaded, firstStep, milliseconds); the pod phases
 (replacementCreated, scheduled, containerStarted) come from the first pod created after the fault (Kubernetes
 timestamps: 1 s resolution). The real node runs on this machine, so both clocks are the same clock.
@@ -39,7 +41,8 @@ WORKER_PHASES = ("rendezvous", "checkpointLoaded", "firstStep")
 POD_PHASES = ("replacementCreated", "scheduled", "containerStarted")
 KINDS = ("kill -9", "pod deleted", "rendezvous deleted")
 TRAINER = ["python", "-m", "ddpjob_worker.examples.charlm", "--epochs", "1000", "--steps-per-epoch", "60",
-           "--batch-size", "16", "--d-model", "64", "--checkpoint-every", "5", "--step-delay", "0.2", "--seed", "1"]
+           "--batch-size", "16", "--d-model", "64", "--checkpoint-every", "5", "--step-delay", "0.2", "--seed", "1",
+           "--log-every", "1"]  # every step logged: the first step after a fault the group trains through
 
 
 def ts(value: str | None) -> float | None:
@@ -106,20 +109,35 @@ def pod_phases(cluster: Cluster, ns: str, at: float) -> dict[str, float]:
     return {k: max(0.0, v - at) for k, v in found.items() if v is not None}
 
 
-def measure(cluster: Cluster, ns: str, kind: str, at: float) -> dict[str, float]:
-    """Wait for rank 0's start record of a group formed after the fault and its first step; the phases."""
-    def recovered() -> dict[str, Any] | None:
-        start = (status(cluster, ns).get("progress") or {}).get("start") or {}
+def measure(cluster: Cluster, ns: str, kind: str, at: float) -> dict[str, Any]:
+    """Wait for rank 0's start record of a group formed after the fault and its first step; the phases. A lost
+    store that the group trained through forms no group: then its incident's end (the new store up) is awaited,
+    and the total is the first step rank 0 logged after the fault (kubelet timestamps)."""
+    def recovered() -> tuple[str, dict[str, Any]] | None:
+        s = status(cluster, ns)
+        start = (s.get("progress") or {}).get("start") or {}
         rdzv, first = ts(start.get("rendezvousTime")), ts(start.get("firstStepTime"))
-        return start if rdzv is not None and first is not None and rdzv > at else None
-    start = wait_for(recovered, timeout=300, interval=0.25, describe=f"first step after {kind}")
-    assert isinstance(start, dict)
-    phases = {p: (ts(start.get(f"{p}Time")) or at) - at for p in WORKER_PHASES}
+        if rdzv is not None and first is not None and rdzv > at:
+            return "regrouped", start
+        last = (s.get("incidents") or [{}])[-1]
+        began = ts(last.get("startTime"))
+        if began is not None and began >= int(at) and last.get("outcome") == "Recovered":
+            return "trained through", last
+        return None
+    found = wait_for(recovered, timeout=300, interval=0.25, describe=f"first step after {kind}")
+    assert isinstance(found, tuple)
+    how, record = found
     time.sleep(2)  # the replacement pod's container start lands a moment later; it is reported, not summed
-    return {**phases, **pod_phases(cluster, ns, at)}
+    if how == "regrouped":
+        phases = {p: (ts(record.get(f"{p}Time")) or at) - at for p in WORKER_PHASES}
+    else:
+        steps = [when for when, _ in t.RunLogs.collect(cluster, ns, JOB).steps(rank=0) if when > at]
+        phases = {"firstStep": min(steps) - at} if steps else {}
+    return {**phases, **pod_phases(cluster, ns, at), **({"trainedThrough": True} if how != "regrouped" else {})}
 
 
-def run_case(cluster: Cluster, selector: dict[str, str], spares: int, faults: int) -> list[dict[str, Any]]:
+def run_case(cluster: Cluster, selector: dict[str, str], spares: int, faults: int, spacing: float,
+             logs: Path | None = None) -> list[dict[str, Any]]:
     ns = f"bench-recovery-{spares}-{os.getpid()}"
     cluster.kubectl("create", "namespace", ns)
     manifest = t.ddpjob_manifest(JOB, ns, node_selector=selector, args=TRAINER, claim=False, spares=spares,
@@ -128,15 +146,28 @@ def run_case(cluster: Cluster, selector: dict[str, str], spares: int, faults: in
     cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
     rows: list[dict[str, Any]] = []
     checkpoint = 0
+    texts: dict[str, str] = {}
+
+    def capture() -> None:  # a deleted pod's log goes with it: read every log around each fault
+        nonlocal texts
+        if logs is not None:
+            texts = t.merge_logs(texts, t.capture_logs(cluster, ns, JOB))
     try:
         for i in range(faults * len(KINDS)):
             kind = KINDS[i % len(KINDS)]
             checkpoint = wait_quiet(cluster, ns, spares, checkpoint)
+            time.sleep(spacing)  # faults are independent events, not a burst: see --spacing
+            capture()
             at = inject(cluster, ns, kind)
-            row = {"spares": spares, "kind": kind, **measure(cluster, ns, kind, at)}
+            row = {"spares": spares, "kind": kind, "at": round(at, 3), **measure(cluster, ns, kind, at)}
+            capture()
             rows.append(row)
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     finally:
+        if logs is not None:
+            logs.mkdir(parents=True, exist_ok=True)
+            for pod, text in texts.items():
+                (logs / f"spares-{spares}-{pod.replace('@', '-')}.log").write_text(text)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
     return rows
 
@@ -150,16 +181,20 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     phases = [*POD_PHASES, *WORKER_PHASES]
     head = f"{'kind':<20} {'spares':>6} {'n':>3} | " + " | ".join(f"{p:>18}" for p in phases)
     out = [head, "p50 / p95 seconds from the fault; firstStep is the total", "-" * len(head)]
-    for kind in KINDS:
-        for spares in sorted({r["spares"] for r in rows}):
-            sel = [r for r in rows if r["kind"] == kind and r["spares"] == spares]
+    spares_seen = sorted({r["spares"] for r in rows})
+    for kind in [*KINDS, "all faults"]:
+        for spares in spares_seen:
+            sel = [r for r in rows if r["kind"] in (kind, *([] if kind != "all faults" else KINDS))
+                   and r["spares"] == spares]
             if not sel:
                 continue
             cells = []
             for p in phases:
-                vals = [r[p] for r in sel if p in r]
+                vals = [r[p] for r in sel if p in r and (kind != "all faults" or p == "firstStep")]
                 cells.append(f"{pct(vals, 0.5):>7.2f} / {pct(vals, 0.95):>7.2f}" if vals else f"{'-':>18}")
-            out.append(f"{kind:<20} {spares:>6} {len(sel):>3} | " + " | ".join(cells))
+            through = sum(bool(r.get("trainedThrough")) for r in sel)
+            note = f"  ({through} trained through: no group restart)" if through else ""
+            out.append(f"{kind:<20} {spares:>6} {len(sel):>3} | " + " | ".join(cells) + note)
     return out
 
 
@@ -176,7 +211,8 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
         for k_i, kind in enumerate(KINDS):
             sel = [r for r in rows if r["kind"] == kind and r["spares"] == spares]
             xs.append(k_i + (s_i - 0.5) * width)
-            bottoms.append([statistics.median([r[p] for r in sel]) if sel else 0.0 for p in WORKER_PHASES])
+            # A phase that did not happen (a store lost and trained through: no new group) is drawn as 0 s.
+            bottoms.append([statistics.median([r.get(p, 0.0) for r in sel]) if sel else 0.0 for p in WORKER_PHASES])
         prev = [0.0] * len(xs)
         for p_i, phase in enumerate(WORKER_PHASES):
             tops = [b[p_i] for b in bottoms]
@@ -207,8 +243,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--faults", type=int, default=5, help="faults of each kind per spares setting")
     parser.add_argument("--spares", type=int, nargs="+", default=[0, 1])
+    parser.add_argument("--spacing", type=float, default=10.0,
+                        help="seconds between the job being quiet again and the next fault (faults are independent "
+                             "events; 0 measures bursts, where the last recovery's pre-started trainer is not yet "
+                             "replaced)")
     parser.add_argument("--kubeconfig", type=Path, help="an existing cluster with the images and the operator")
     parser.add_argument("--out", type=Path, help="write recovery.json and recovery.png here")
+    parser.add_argument("--logs", type=Path, help="keep every worker pod's log (kubelet timestamps) here")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="ddpjob-recovery-", dir="/tmp"))
     cluster, stop = (Cluster(args.kubeconfig), lambda: None) if args.kubeconfig else local_cluster(tmp / "c")
@@ -217,7 +258,7 @@ def main() -> None:
     try:
         selector = {"ddpjob.io/real-node": "true"} if not args.kubeconfig else {}
         for spares in args.spares:
-            rows += run_case(cluster, selector, spares, args.faults)
+            rows += run_case(cluster, selector, spares, args.faults, args.spacing, args.logs)
     finally:
         stop()
         shutil.rmtree(tmp, ignore_errors=True)  # the cluster's directory, empty of processes and mounts after down

@@ -311,12 +311,12 @@ def _recovery(result: Plan, ps: _Pass) -> None:
     running = [p for p in ps.workers if p.running and (p.index or 0) < spec.pod_count]
     if len(running) < spec.replicas or not any(p.running for p in ps.rdzv):
         return
-    began = parse_time(last.get("startTime"))
     progress = ps.old.get("progress") or {}
-    at = recovery.recovered_at(began, running, progress, ps.now)
-    if at is None:
+    over = recovery.over(last, names.rendezvous_pod_name(ps.job.name), running, ps.workers, ps.rdzv, progress,
+                         ps.now)
+    if over is None:
         return
-    phases = recovery.phases(began, ps.workers, progress) if began is not None else {}
+    at, phases = over
     ps.recent, closed = incidents.mark_recovered(ps.recent, at, phases)
     if closed is not None:
         result.recovered.append(closed)

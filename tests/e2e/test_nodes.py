@@ -1,7 +1,7 @@
 """Losing a node, on real kubelets (issue 11): a 2-worker job on two of the session cluster's network-namespace
 nodes (tests/cluster/netnodes.py), checkpoints on a ReadWriteMany volume every node mounts, and one node
 - powered off under worker-1 (node NotReady, the stuck pod force-deleted, the replacement on the third node);
-- powered off under the rendezvous pod;
+- powered off under the rendezvous pod (the group trains through: no restart, the agents find the new store);
 - partitioned under worker-1 for longer than the timeouts, then reconnected: its old pods must be stopped and
   nothing they write may become the checkpoint the job resumes from (the worker's fencing, docs/checkpoints.md);
 - drained (kubectl drain) under worker-1: SIGTERM, a checkpoint within the grace period, the replacement resumes
@@ -153,9 +153,14 @@ def drain_node(env: Env, ns: str, created: float) -> dict[str, Any]:
             "replacement_start_s": round(started - drained, 1), "logs": capture.texts}
 
 
-def _report(label: str, run: Run, reference: Run) -> dict[str, Any]:
+def _report(label: str, run: Run, reference: Run, *, trained_through: bool = False) -> dict[str, Any]:
+    """``trained_through``: the group must not restart at all (a lost store); the first step after the fault is
+    then simply the next one, and no resume may follow the fault."""
     extra = run.extra
     first = run.logs.first_step_after(extra["lost_at"])
+    if trained_through:
+        assert first is None, f"{label}: the group restarted after the fault\n{run.logs.text()}"
+        first = next((w for w, _ in run.logs.steps() if w > extra["lost_at"]), None)
     row = {"wall_seconds": round(run.wall_seconds, 1), "params": run.params_sha256[:16],
            "incidents": run.status.get("incidentCount", 0), "node": extra["node"], "new_node": extra["new_node"],
            "not_ready_s": extra.get("not_ready_s"), "replacement_start_s": extra["replacement_start_s"],
@@ -179,8 +184,12 @@ def test_node_of_a_worker_lost(nodes_env: Env, reference: Run) -> None:
 
 
 def test_node_of_the_rendezvous_lost(nodes_env: Env, reference: Run) -> None:
+    """The store's node is powered off: the group trains through (no restart, no resume), the agents reconnect to
+    the new store on another node, and that is one incident, recovered."""
     run = _run(nodes_env, "node-lost-rdzv", node_fault("rdzv", "power_off"))
-    _report("node-lost-rdzv", run, reference)
+    _report("node-lost-rdzv", run, reference, trained_through=True)
+    incidents = run.status.get("incidents") or []
+    assert [(i["cause"], i["outcome"]) for i in incidents] == [("RendezvousLost", "Recovered")], incidents
     assert_same_model(run, reference)
 
 

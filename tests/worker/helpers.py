@@ -55,6 +55,17 @@ class LocalJob:
                                 os.environ.copy(), workdir / "logs" / "rdzv.log")
         procs.wait_for_port(self.port, 60, self.rdzv)
 
+    def restart_store(self) -> float:
+        """Stop the rendezvous store as a pod deletion does (SIGTERM) and start an empty one on the same port, as
+        the operator does behind the same Service name; returns when the old one was stopped."""
+        self.rdzv.terminate()
+        self.rdzv.wait(30)
+        stopped = time.time()
+        self.rdzv = self._popen([PY, "-m", "ddpjob_worker.rdzv", "--host", "127.0.0.1", "--port", str(self.port)],
+                                os.environ.copy(), self.workdir / "logs" / "rdzv.log")
+        procs.wait_for_port(self.port, 60, self.rdzv)
+        return stopped
+
     def _popen(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         with open(log, "ab") as f:
             proc = subprocess.Popen(argv, env=env, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -6,15 +6,16 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ddpjob_worker import causes, contract, warm
+from ddpjob_worker import causes, contract, storekeeper, warm
 from ddpjob_worker.logs import get_logger
+from ddpjob_worker.storekeeper import StoreKeeper
 
 log = get_logger("agent")
 
@@ -74,6 +75,12 @@ def leave_round(handler: Any) -> None:
                     "wait for this pod's heartbeat to expire", type(err).__name__, err)
 
 
+def join_timeout(handler: Any) -> float:
+    """Seconds a rendezvous join may take (torchrun's ``join_timeout``, 600 s by default)."""
+    timeout = getattr(getattr(getattr(handler, "_settings", None), "timeout", None), "join", None)
+    return timeout.total_seconds() if timeout is not None else 600.0
+
+
 def fixed_size(handler: Any) -> bool:
     """Whether the rendezvous has min_nodes == max_nodes (a fixed-size job)."""
     settings = getattr(handler, "_settings", None)
@@ -82,27 +89,50 @@ def fixed_size(handler: Any) -> bool:
 
 class PodAgent(LocalElasticAgent):
     """LocalElasticAgent that keeps the rendezvous open on failure, leaves the round when it exits, restarts for
-    free after a peer loss, never restarts a full fixed-size group for a waiting node (a hot spare), and starts
-    its workers from pre-started trainers (ddpjob_worker.warm)."""
+    free after a peer loss, never restarts a full fixed-size group for a waiting node (a hot spare), keeps a
+    healthy group training when the rendezvous store is lost (ddpjob_worker.storekeeper), and starts its workers
+    from pre-started trainers (ddpjob_worker.warm)."""
 
     def __init__(self, spec: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(spec, *args, **kwargs)
         handler = spec.rdzv_handler
-        if fixed_size(handler):
-            # torchrun restarts a healthy group whenever a node waits, so that it can join; a fixed-size group
-            # is full whenever it runs, so the restart only reshuffles who trains. With hot spares, or a
-            # replaced pod that arrives while a round forms, that churn cost several restarts per fault.
-            # The call itself stays: it syncs with the store every monitor interval, and a lost store raising
-            # there is how a running agent learns of it (and exits 200 so its pod is replaced).
-            waiting = handler.num_nodes_waiting
-
-            def none_admitted() -> int:
-                waiting()
-                return 0
-
-            handler.num_nodes_waiting = none_admitted
+        self._keeper = StoreKeeper(handler)
+        if hasattr(handler, "num_nodes_waiting"):
+            handler.num_nodes_waiting = self._guarded_waiting(handler.num_nodes_waiting, fixed_size(handler))
+        tune_polls(handler)
         # One waiting trainer per local rank, importing torch while this agent waits for the others.
         warm.prestart(spec.entrypoint, spec.args, spec.local_world_size)
+
+    def _guarded_waiting(self, waiting: Callable[[], int], fixed: bool) -> Callable[[], int]:
+        """num_nodes_waiting as the monitor loop calls it every interval: a lost store is not a reason to stop a
+        healthy group (ddpjob_worker.storekeeper), and a fixed-size group never restarts for a waiting node.
+
+        torchrun restarts a healthy group whenever a node waits, so that it can join; a fixed-size group is full
+        whenever it runs, so the restart only reshuffles who trains. With hot spares, or a replaced pod that
+        arrives while a round forms, that churn cost several restarts per fault. The call itself stays: it
+        syncs with the store, and that is how a running agent learns that the store is gone."""
+        keeper = self._keeper
+
+        def guarded() -> int:
+            if keeper.lost_since is not None:
+                if not keeper.try_reconnect():
+                    return 0  # never the old client again: to a lost node it blocks for its whole timeout
+                self._store = self._keeper_store()
+            try:
+                count = waiting()
+            except Exception as err:
+                if not (keeper.usable and storekeeper.is_store_loss(err)):
+                    raise
+                keeper.lost(err)
+                return 0
+            return 0 if fixed else count
+
+        return guarded
+
+    def _keeper_store(self) -> Any:
+        """The store of the current round on the new connection (the exit barrier at the end uses it)."""
+        handler: Any = self._worker_group.spec.rdzv_handler
+        return handler._get_store()
 
     def run(self, role: str = "default") -> RunResult:
         try:
@@ -130,12 +160,34 @@ class PodAgent(LocalElasticAgent):
             spec.rdzv_handler = _KeepOpen(spec.rdzv_handler)  # type: ignore[assignment]
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
-        super()._rendezvous(worker_group)
+        deadline: float | None = None
+        while True:
+            try:
+                super()._rendezvous(worker_group)
+                break
+            except Exception as err:
+                # The store went away while this node joined or waited as a spare: wait for it to come back
+                # (its state restored) and join again, rather than exit and have the pod replaced.
+                if not (self._keeper.usable and storekeeper.is_store_loss(err)):
+                    raise
+                self._keeper.lost(err)
+                if deadline is None:
+                    deadline = time.monotonic() + join_timeout(worker_group.spec.rdzv_handler)
+                if not self._keeper.wait(deadline):
+                    raise
         # The workers started next inherit the agent's environment (torchelastic copies os.environ), so rank 0
         # can report when its group formed: the recovery clock's "rendezvous" phase.
         os.environ[contract.DDPJOB_RENDEZVOUS_TIME] = f"{time.time():.3f}"
         log.info("rendezvous complete: this pod is in the group (world of %d agents)",
                  worker_group.group_world_size or 0)
+
+    def _exit_barrier(self) -> None:
+        if self._keeper.lost_since is not None:
+            # Its store client points at the lost store: every call would fail or, to a lost node, hang.
+            log.warning("the job is done but the rendezvous store is still unreachable: not waiting for the other "
+                        "agents at the exit barrier")
+            return
+        super()._exit_barrier()  # type: ignore[no-untyped-call]
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         # Runs every monitor interval on the main thread, the one a waiting trainer's life is tied to.
@@ -150,6 +202,42 @@ class PodAgent(LocalElasticAgent):
                         "one of the %d restarts", rank, causes.condense(failure_text(failure), 200),
                         worker_group.spec.max_restarts)
         return result
+
+
+#: Store reads per second, all agents together, that the rendezvous poll is scaled to (see poll_seconds).
+POLLS_PER_SECOND = 100
+
+
+def poll_seconds(max_nodes: int) -> float:
+    """Seconds between two reads of the rendezvous state by an agent (torch: 1 s, and a 1 s cache of the state).
+
+    Every restart waits for that poll twice (the first agent back waits in the wait list for the last one to
+    end the old round, then for the new round to complete): about a second of each recovery on a small job. The
+    read is of the whole state, which grows with the nodes, so the interval grows with them: 0.1 s up to 10
+    nodes, torch's 1 s from 100."""
+    return min(1.0, max(0.1, max_nodes / POLLS_PER_SECOND))
+
+
+def tune_polls(handler: Any) -> float | None:
+    """Make a DynamicRendezvousHandler poll every poll_seconds (its wait between polls and its state cache);
+    returns the interval, or None for a handler without them (left as it is)."""
+    settings, holder = getattr(handler, "_settings", None), getattr(handler, "_state_holder", None)
+    if settings is None or not hasattr(holder, "_cache_duration"):
+        return None
+    poll = poll_seconds(int(getattr(settings, "max_nodes", 100)))
+    holder._cache_duration = poll  # type: ignore[union-attr]
+    _faster_polls(poll)
+    return poll
+
+
+def _faster_polls(poll: float) -> None:
+    """Install ``poll`` in DynamicRendezvousHandler's executor, whose only 1 s delay is that poll."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous, utils
+
+    def delay(seconds: float | tuple[float, float]) -> None:  # torch passes it by keyword: keep the name
+        utils._delay(poll if seconds == 1 else seconds)
+
+    setattr(dynamic_rendezvous, "_delay", delay)  # noqa: B010 - a private name of the module
 
 
 def install() -> None:

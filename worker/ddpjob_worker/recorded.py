@@ -4,10 +4,17 @@ error file (the root cause the agent reports) without the script decorating anyt
 
 from __future__ import annotations
 
+import atexit
+import gc
+import io
 import os
 import runpy
+import socket
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import NoReturn
 
 from ddpjob_worker import contract
 
@@ -23,6 +30,31 @@ def _run(target: str, as_module: bool, args: list[str]) -> None:
         sys.argv = [target, *args]
         sys.path[0] = os.path.dirname(os.path.abspath(target))
         runpy.run_path(target, run_name="__main__")
+
+
+def await_rank0_store(environ: Mapping[str, str] = os.environ, timeout: float = 60.0, poll: float = 0.02) -> bool:
+    """On ranks other than 0, wait until rank 0's trainer listens at MASTER_ADDR:MASTER_PORT (it hosts the
+    process group's TCPStore: the agent's store is not shared, see contract). Without this, a trainer that comes
+    up before rank 0 gets "connection refused", and torch's client retries only after an exponential backoff
+    with jitter (0.5-1.5 s at first): a second lost on about every other restart. The name is resolved once;
+    after ``timeout``, or when it cannot be resolved, torch's own retries take over. True when it listened."""
+    if environ.get("RANK", "0") == "0" or environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true":
+        return False
+    host, port = environ.get("MASTER_ADDR"), environ.get("MASTER_PORT", "")
+    if not host or not port.isdigit():
+        return False
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
+    except OSError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket(family, kind, proto) as probe:
+            probe.settimeout(1.0)
+            if probe.connect_ex(address) == 0:
+                return True
+        time.sleep(poll)
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -41,9 +73,47 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args or args[0].startswith("-"):
         print(_USAGE, file=sys.stderr)
         raise SystemExit(2)
+    await_rank0_store()
     # record turns SystemExit(0) into a normal return and re-raises every other exit, so codes are kept.
     record(_run)(args[0], as_module, args[1:])
 
 
+def leave(code: int) -> NoReturn:
+    """Exit now, without the interpreter's final teardown: with torch loaded it took 1.0-1.2 s here after a
+    failure, and torchrun's agent restarts the group only once this process is gone, so every recovery waited
+    for it. What that teardown does that anyone could miss is done first: non-daemon threads are joined (a
+    background checkpoint write in flight), atexit handlers run (DataLoader workers, user hooks), and every open
+    file's buffer is flushed."""
+    current = threading.current_thread()
+    for thread in threading.enumerate():
+        if thread is not current and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase):
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except (OSError, ValueError):  # a broken pipe or a detached buffer: nothing left to save there
+                pass
+    os._exit(code)
+
+
+def cli() -> None:
+    """``python -m ddpjob_worker.recorded``: main(), and a trainer that failed (an exception, or a non-zero exit
+    such as 143 after its SIGTERM checkpoint) leaves at once (leave). Success exits the normal way."""
+    try:
+        main()
+    except SystemExit as stop:
+        if stop.code is None or stop.code == 0:
+            raise
+        if not isinstance(stop.code, int):
+            print(stop.code, file=sys.stderr)
+        leave(stop.code if isinstance(stop.code, int) else 1)
+    except Exception:
+        sys.excepthook(*sys.exc_info())  # the traceback Python would print (record re-raised it)
+        leave(1)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

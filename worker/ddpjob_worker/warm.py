@@ -45,8 +45,10 @@ STARTUP_KEYS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "OMP_NUM_THREADS"
                 "LD_PRELOAD", "LD_LIBRARY_PATH", "PATH")
 STARTUP_PREFIXES = ("PYTHON",)
 #: Seconds after handing a waiting process out before the next one is started: the import competes for CPU
-#: with the new worker's own start (checkpoint load, first step), which is what a recovery waits for.
-REFILL_DELAY_SECONDS = 10.0
+#: with the new worker's own start (checkpoint load, first step), which is what a recovery waits for, and that
+#: takes under a second once a waiting process is taken. Longer leaves the next fault without one: at 10 s a
+#: second fault 5 s after the first found none and its trainer started cold (6 s more on 2 cores).
+REFILL_DELAY_SECONDS = 3.0
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15

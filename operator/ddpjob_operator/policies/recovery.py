@@ -71,6 +71,43 @@ def recovered_at(began: datetime | None, running: Sequence[PodView], progress: M
     return reported or now
 
 
+def store_only(incident: Mapping[str, Any], store_pod: str) -> bool:
+    """Whether an incident lost nothing but the rendezvous store pod."""
+    return set(incident.get("pods") or []) == {store_pod}
+
+
+def kept_training(began: datetime | None, running: Sequence[PodView], stores: Sequence[PodView],
+                  progress: Mapping[str, Any]) -> datetime | None:
+    """When an incident that lost only the rendezvous store is over although no group re-formed, or None.
+
+    The agents keep a healthy group training through a lost store and reconnect to the new one
+    (ddpjob_worker.storekeeper), so no start record follows the incident. It is over when every running worker
+    is still the one from before it (had one been replaced, the group re-formed: recovered_at decides), a new
+    store runs, and training reported progress since that store started; it ends when the store was back."""
+    if began is None or not running or any(p.started_at is None or p.started_at >= began for p in running):
+        return None
+    back = min((p.started_at for p in stores if p.running and p.started_at is not None and p.started_at >= began),
+               default=None)
+    reported = parse_time(progress.get("updateTime"))
+    return back if back is not None and reported is not None and reported >= back else None
+
+
+def over(incident: Mapping[str, Any], store_pod: str, running: Sequence[PodView], workers: Sequence[PodView],
+         stores: Sequence[PodView], progress: Mapping[str, Any],
+         now: datetime) -> tuple[datetime, dict[str, float]] | None:
+    """When the recovering ``incident`` ended and its phases, or None while it goes on: a group formed after it
+    trains (recovered_at), or, for a lost store that the group trained through, the new store is up
+    (kept_training: the pod phases are then the new store pod's)."""
+    began = parse_time(incident.get("startTime"))
+    at = recovered_at(began, running, progress, now)
+    if at is not None:
+        return at, phases(began, workers, progress) if began is not None else {}
+    if began is None or not store_only(incident, store_pod):
+        return None
+    at = kept_training(began, running, stores, progress)
+    return (at, phases(began, stores, {})) if at is not None else None
+
+
 def last_recovery_seconds(incidents: Sequence[Mapping[str, Any]]) -> float | None:
     """What the newest recovered incident cost: its first step after the start, else its recoverySeconds."""
     for incident in reversed(incidents):

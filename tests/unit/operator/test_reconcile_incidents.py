@@ -172,9 +172,10 @@ def test_scale_up_is_not_a_loss_on_the_first_pass() -> None:
     assert sorted(o["metadata"]["name"] for o in p.create_pods) == ["job-worker-2", "job-worker-3"]
 
 
-def test_steps_from_the_group_an_incident_hit_do_not_recover_it() -> None:
-    """A lost store is noticed by the agents seconds later; meanwhile the old trainers still report steps. The
-    incident recovers only after a worker started since it began, and training stepped after that."""
+def test_a_lost_store_trained_through_recovers_and_reopens_when_the_agents_exit_after_all() -> None:
+    """The agents keep a healthy group training through a lost store (ddpjob_worker.storekeeper): steps reported
+    after the new store started close the incident. An agent that could not reconnect exits 200 later: that is
+    the same incident, reopened, and it closes again once a group formed after it steps."""
     c = running_cluster(replicas=2)
     c.user_delete("job-rdzv", at=at(10))
     c.finish_terminations()
@@ -182,8 +183,9 @@ def test_steps_from_the_group_an_incident_hit_do_not_recover_it() -> None:
     c.run_all(started=at(11))  # the new store runs; the workers are still the old ones (started at T0)
     c.jobobj["status"]["progress"] = {"globalStep": 30, "updateTime": format_time(at(12))}
     p = c.step(at(13))
-    assert c.status["incidents"][0]["outcome"] == "Recovering"
-    assert not any(e.reason == "IncidentRecovered" for e in p.events)
+    assert c.status["incidents"][0]["outcome"] == "Recovered" and c.status["incidents"][0]["recoverySeconds"] == 1
+    assert [e.message for e in p.events if e.reason == "IncidentRecovered"] == [
+        "incident #1 (RendezvousLost) recovered in 1s, training at global step 30"]
     for name in c.worker_names():
         c.set_phase(name, "Failed", exit_code=200, finished=at(14))
     c.converge(at(15))

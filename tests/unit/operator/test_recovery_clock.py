@@ -163,3 +163,59 @@ def test_a_spare_index_beyond_the_pod_count_is_scaled_down_and_spares_absent_wit
     c.pods[extra["metadata"]["name"]] = extra
     p = c.step(at(2))
     assert [(d.name, d.reason) for d in p.delete_pods] == [("job-worker-2", "ScaledDown")]
+
+
+STORE = "job-rdzv"
+NEW_STORE = PodView.from_pod(pod_obj(make_job().obj(), None, created=at(2), started=at(4)))
+OLD_STORE = PodView.from_pod(pod_obj(make_job().obj(), None, created=at(-100), started=at(-99)))
+LATER = {"globalStep": 40, "updateTime": format_time(at(6))}
+
+
+@pytest.mark.parametrize(("running", "stores", "progress", "want"), [
+    ([OLD], [NEW_STORE], LATER, at(4)),  # trained through: over when the new store was up
+    ([OLD], [NEW_STORE], {"globalStep": 40, "updateTime": format_time(at(3))}, None),  # no step since it is up
+    ([OLD], [NEW_STORE], {}, None),  # nothing reported at all
+    ([OLD], [OLD_STORE], LATER, None),  # the store that was lost (or no new one yet)
+    ([OLD], [], LATER, None),
+    ([OLD, RUNNING_NEW], [NEW_STORE], LATER, None),  # a worker was replaced: the group re-formed (recovered_at)
+    ([], [NEW_STORE], LATER, None),
+])
+def test_kept_training(running: list[PodView], stores: list[PodView], progress: dict[str, Any], want: Any) -> None:
+    assert recovery.kept_training(T0, running, stores, progress) == want
+
+
+def test_over_a_lost_store_the_group_trained_through_has_the_new_store_pod_phases() -> None:
+    incident = {"startTime": format_time(T0), "pods": [STORE], "outcome": "Recovering"}
+    assert recovery.over(incident, STORE, [OLD], [OLD], [NEW_STORE], LATER, at(30)) == (
+        at(4), {"replacementCreated": 2, "containerStarted": 4})
+    assert recovery.over({**incident, "pods": ["job-worker-1"]}, STORE, [OLD], [OLD], [NEW_STORE], LATER,
+                         at(30)) is None
+
+
+@pytest.mark.parametrize(("pods", "want"), [
+    ([STORE], True), ([STORE, "job-worker-1"], False), (["job-worker-1"], False), ([], False)])
+def test_store_only(pods: list[str], want: bool) -> None:
+    assert recovery.store_only({"pods": pods}, STORE) is want
+
+
+def test_a_lost_store_the_group_trains_through_is_one_incident_closed_when_the_new_store_is_up() -> None:
+    c = running_cluster(replicas=2)
+    c.jobobj["status"]["progress"] = {**start(-50, -49, -48), "updateTime": format_time(at(5))}
+    c.user_delete(STORE, at=at(10))
+    c.step(at(10))
+    inc = c.status["incidents"][-1]
+    assert (inc["cause"], inc["pods"], inc["outcome"]) == ("RendezvousLost", [STORE], "Recovering")
+    c.finish_terminations()
+    p = c.step(at(11))
+    assert [o["metadata"]["name"] for o in p.create_pods] == [STORE]
+    c.run_all(started=at(13))
+    c.step(at(13))
+    assert c.status["incidents"][-1]["outcome"] == "Recovering"  # no step reported since the new store is up
+    # The workers were never restarted: their steps go on, reported after the new store started.
+    c.jobobj["status"]["progress"] = {**start(-50, -49, -48), "updateTime": format_time(at(14))}
+    p = c.step(at(15))
+    inc = c.status["incidents"][-1]
+    assert inc["outcome"] == "Recovered" and inc["recoverySeconds"] == 3  # the new store's start: at(13)
+    assert "phases" not in inc  # the fake cluster stamps every creation at T0, before the incident
+    assert c.status["lastRecoverySeconds"] == 3.0
+    assert c.status["incidentCount"] == 1 and not p.delete_pods

@@ -193,3 +193,47 @@ def test_install_makes_torchrun_build_the_pod_agent(monkeypatch: pytest.MonkeyPa
     agent.install()
     agent.install()  # idempotent
     assert launcher_api.LocalElasticAgent is agent.PodAgent  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("nodes", "seconds"), [(1, 0.1), (2, 0.1), (10, 0.1), (30, 0.3), (64, 0.64), (100, 1.0),
+                                                (2000, 1.0)])
+def test_poll_seconds_scale_with_the_nodes(nodes: int, seconds: float) -> None:
+    assert agent.poll_seconds(nodes) == pytest.approx(seconds)
+
+
+def test_tune_polls_sets_the_state_cache_too() -> None:
+    class Holder:
+        _cache_duration = 1.0
+
+    class Settings:
+        max_nodes = 4
+
+    class Handler:
+        _settings, _state_holder = Settings(), Holder()
+
+    handler = Handler()
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    module: Any = dynamic_rendezvous
+    before = module._delay
+    try:
+        assert agent.tune_polls(handler) == pytest.approx(0.1)
+        assert handler._state_holder._cache_duration == pytest.approx(0.1)
+    finally:
+        module._delay = before
+    assert agent.tune_polls(object()) is None
+
+
+def test_the_rendezvous_poll_is_shortened_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    module: Any = dynamic_rendezvous
+    monkeypatch.setattr(module, "_delay", module._delay)  # restored after the test
+    slept: list[float] = []
+    monkeypatch.setattr(time, "sleep", slept.append)
+    agent._faster_polls(0.1)
+    module._delay(seconds=1)  # the poll of a waiting agent (torch passes it by keyword)
+    module._delay(seconds=0.5)  # anything else keeps its delay
+    assert slept == [0.1, 0.5]

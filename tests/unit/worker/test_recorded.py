@@ -4,6 +4,8 @@ leaves a torchelastic error file (what the agent reads for the root cause and fo
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -78,3 +80,75 @@ def test_usage_without_a_target() -> None:
     with pytest.raises(SystemExit) as exited:
         recorded.main(["--module"])
     assert exited.value.code == 2
+
+
+LEAVING = """\
+import atexit, sys, threading, time
+out = sys.argv[1]
+log = open(out + "/unflushed.txt", "w")  # never closed or flushed by the script
+log.write("kept")
+def late():
+    time.sleep(0.3)
+    open(out + "/thread.txt", "w").write("done")
+threading.Thread(target=late).start()  # a non-daemon thread still working, like a background checkpoint write
+atexit.register(lambda: open(out + "/atexit.txt", "w").write("ran"))
+class Teardown:
+    def __del__(self):
+        open(out + "/teardown.txt", "w").write("ran")
+keep = Teardown()  # finalized only by the interpreter's teardown, which a failed trainer skips
+if sys.argv[2] == "raise":
+    raise ValueError("boom")
+sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize(("how", "code"), [("raise", 1), ("143", 143), ("0", 0)])
+def test_a_failed_trainer_leaves_at_once_but_keeps_what_the_teardown_would_save(
+        tmp_path: Path, how: str, code: int) -> None:
+    script = tmp_path / "leaving.py"
+    script.write_text(LEAVING)
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")}
+    done = subprocess.run([sys.executable, "-m", "ddpjob_worker.recorded", str(script), str(tmp_path), how],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == code, done.stderr
+    assert (tmp_path / "thread.txt").read_text() == "done"
+    assert (tmp_path / "atexit.txt").read_text() == "ran"
+    assert ("Traceback" in done.stderr and "ValueError: boom" in done.stderr) == (how == "raise")
+    # Only success goes through the interpreter's teardown (slow with torch loaded). A failure flushes every
+    # open file first (which that teardown does not even promise for a script run as __main__).
+    assert (tmp_path / "teardown.txt").exists() == (code == 0)
+    if code:
+        assert (tmp_path / "unflushed.txt").read_text() == "kept"
+
+
+def test_rank1_waits_for_rank0s_store_to_listen() -> None:
+    import socket
+    import threading
+    import time
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {"RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    listener = socket.socket()
+
+    def listen_later() -> None:
+        time.sleep(0.5)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+
+    started = time.monotonic()
+    thread = threading.Thread(target=listen_later)
+    thread.start()
+    try:
+        assert recorded.await_rank0_store(env, timeout=20)
+        assert time.monotonic() - started >= 0.5
+    finally:
+        thread.join()
+        listener.close()
+    assert not recorded.await_rank0_store({**env, "RANK": "0"})  # rank 0 hosts it: nothing to wait for
+    assert not recorded.await_rank0_store({**env, "TORCHELASTIC_USE_AGENT_STORE": "True"})
+    assert not recorded.await_rank0_store({"RANK": "1"})
+    started = time.monotonic()
+    assert not recorded.await_rank0_store(env, timeout=0.3)  # nobody listens: torch's own retries take over
+    assert time.monotonic() - started < 5
