@@ -1,8 +1,10 @@
 """Incidents against the real control plane (kwok nodes): one lost rendezvous store is one incident whatever the
 number of workers it takes down, backoffLimit counts incidents, and failure messages stay readable.
 
-kwok runs no containers, so the test does to the workers what their agents do when the store pod is deleted: each
-exits 200 with torchrun's error as its termination message (tests/e2e shows the real agents doing it)."""
+kwok runs no containers, so the test does to the workers what their agents do when they need a store that stays
+gone (a later fault while it is lost, past the join timeout): each exits 200 with torchrun's error as its
+termination message. Real agents first keep their group training and reconnect to the new store
+(tests/worker/test_store_loss.py; tests/e2e: the soak's store deletions, the store's node powered off)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ USAGE = ("usage: torchrun [-h] [--nnodes NNODES] [--nproc-per-node NPROC_PER_NOD
 
 
 def lose_the_store(cluster: Cluster, jobs: Jobs, ns: str, name: str, workers: int) -> None:
-    """Delete the rendezvous pod; every agent then exits 200; wait for the replacements to run."""
+    """Delete the rendezvous pod; every agent then exits 200 (the fallback); wait for the replacements to run."""
     old = {p["metadata"]["uid"] for p in jobs.live_pods(name)}
     cluster.kubectl("delete", "pod", f"{name}-rdzv", "-n", ns, "--wait=false")
     for i in range(workers):

@@ -77,19 +77,21 @@ def store_only(incident: Mapping[str, Any], store_pod: str) -> bool:
 
 
 def kept_training(began: datetime | None, running: Sequence[PodView], stores: Sequence[PodView],
-                  progress: Mapping[str, Any]) -> datetime | None:
+                  progress: Mapping[str, Any], now: datetime) -> datetime | None:
     """When an incident that lost only the rendezvous store is over although no group re-formed, or None.
 
     The agents keep a healthy group training through a lost store and reconnect to the new one
     (ddpjob_worker.storekeeper), so no start record follows the incident. It is over when every running worker
     is still the one from before it (had one been replaced, the group re-formed: recovered_at decides), a new
-    store runs, and training reported progress since that store started; it ends when the store was back."""
+    store pod started after it is Ready (its probe: the store listens), and training reported progress since that
+    pod started. It ends now: when the operator sees all of that (the pod's start is too early: the store then
+    still imports torch before it listens)."""
     if began is None or not running or any(p.started_at is None or p.started_at >= began for p in running):
         return None
-    back = min((p.started_at for p in stores if p.running and p.started_at is not None and p.started_at >= began),
-               default=None)
+    back = min((p.started_at for p in stores
+                if p.running and p.ready and p.started_at is not None and p.started_at >= began), default=None)
     reported = parse_time(progress.get("updateTime"))
-    return back if back is not None and reported is not None and reported >= back else None
+    return now if back is not None and reported is not None and reported >= back else None
 
 
 def over(incident: Mapping[str, Any], store_pod: str, running: Sequence[PodView], workers: Sequence[PodView],
@@ -104,7 +106,7 @@ def over(incident: Mapping[str, Any], store_pod: str, running: Sequence[PodView]
         return at, phases(began, workers, progress) if began is not None else {}
     if began is None or not store_only(incident, store_pod):
         return None
-    at = kept_training(began, running, stores, progress)
+    at = kept_training(began, running, stores, progress, now)
     return (at, phases(began, stores, {})) if at is not None else None
 
 

@@ -183,9 +183,9 @@ def test_a_lost_store_trained_through_recovers_and_reopens_when_the_agents_exit_
     c.run_all(started=at(11))  # the new store runs; the workers are still the old ones (started at T0)
     c.jobobj["status"]["progress"] = {"globalStep": 30, "updateTime": format_time(at(12))}
     p = c.step(at(13))
-    assert c.status["incidents"][0]["outcome"] == "Recovered" and c.status["incidents"][0]["recoverySeconds"] == 1
+    assert c.status["incidents"][0]["outcome"] == "Recovered" and c.status["incidents"][0]["recoverySeconds"] == 3
     assert [e.message for e in p.events if e.reason == "IncidentRecovered"] == [
-        "incident #1 (RendezvousLost) recovered in 1s, training at global step 30"]
+        "incident #1 (RendezvousLost) recovered in 3s, training at global step 30"]
     for name in c.worker_names():
         c.set_phase(name, "Failed", exit_code=200, finished=at(14))
     c.converge(at(15))

@@ -171,8 +171,15 @@ OLD_STORE = PodView.from_pod(pod_obj(make_job().obj(), None, created=at(-100), s
 LATER = {"globalStep": 40, "updateTime": format_time(at(6))}
 
 
+NOT_READY = PodView.from_pod({**pod_obj(make_job().obj(), None, created=at(2), started=at(4)),
+                              "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
+                                         "containerStatuses": [{"name": "rendezvous", "state": {"running": {
+                                             "startedAt": format_time(at(4))}}}]}})
+
+
 @pytest.mark.parametrize(("running", "stores", "progress", "want"), [
-    ([OLD], [NEW_STORE], LATER, at(4)),  # trained through: over when the new store was up
+    ([OLD], [NEW_STORE], LATER, at(30)),  # trained through: over now that the new store listens
+    ([OLD], [NOT_READY], LATER, None),  # started, still importing torch: not listening yet
     ([OLD], [NEW_STORE], {"globalStep": 40, "updateTime": format_time(at(3))}, None),  # no step since it is up
     ([OLD], [NEW_STORE], {}, None),  # nothing reported at all
     ([OLD], [OLD_STORE], LATER, None),  # the store that was lost (or no new one yet)
@@ -181,13 +188,13 @@ LATER = {"globalStep": 40, "updateTime": format_time(at(6))}
     ([], [NEW_STORE], LATER, None),
 ])
 def test_kept_training(running: list[PodView], stores: list[PodView], progress: dict[str, Any], want: Any) -> None:
-    assert recovery.kept_training(T0, running, stores, progress) == want
+    assert recovery.kept_training(T0, running, stores, progress, at(30)) == want
 
 
 def test_over_a_lost_store_the_group_trained_through_has_the_new_store_pod_phases() -> None:
     incident = {"startTime": format_time(T0), "pods": [STORE], "outcome": "Recovering"}
     assert recovery.over(incident, STORE, [OLD], [OLD], [NEW_STORE], LATER, at(30)) == (
-        at(4), {"replacementCreated": 2, "containerStarted": 4})
+        at(30), {"replacementCreated": 2, "containerStarted": 4})
     assert recovery.over({**incident, "pods": ["job-worker-1"]}, STORE, [OLD], [OLD], [NEW_STORE], LATER,
                          at(30)) is None
 
@@ -215,7 +222,7 @@ def test_a_lost_store_the_group_trains_through_is_one_incident_closed_when_the_n
     c.jobobj["status"]["progress"] = {**start(-50, -49, -48), "updateTime": format_time(at(14))}
     p = c.step(at(15))
     inc = c.status["incidents"][-1]
-    assert inc["outcome"] == "Recovered" and inc["recoverySeconds"] == 3  # the new store's start: at(13)
+    assert inc["outcome"] == "Recovered" and inc["recoverySeconds"] == 5  # seen back (Ready) at at(15)
     assert "phases" not in inc  # the fake cluster stamps every creation at T0, before the incident
-    assert c.status["lastRecoverySeconds"] == 3.0
+    assert c.status["lastRecoverySeconds"] == 5.0
     assert c.status["incidentCount"] == 1 and not p.delete_pods
