@@ -243,7 +243,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--faults", type=int, default=5, help="faults of each kind per spares setting")
     parser.add_argument("--spares", type=int, nargs="+", default=[0, 1])
-    parser.add_argument("--spacing", type=float, default=10.0,
+    parser.add_argument("--spacing", type=float, default=15.0,
                         help="seconds between the job being quiet again and the next fault (faults are independent "
                              "events; 0 measures bursts, where the last recovery's pre-started trainer is not yet "
                              "replaced)")
