@@ -22,6 +22,10 @@ def test_restart_runs_in_the_prestarted_trainer_which_dies_with_its_agent(job: L
     agent = job.agent(0, COMMAND, nnodes="1", max_restarts=3)
     first = job.training_pid(agent, timeout=120)
     job.progress_at_least(6, 120)
+    # The first trainer was started by the launcher before it imported torch, and the agent kept it.
+    log = job.log(0)
+    assert f"local rank 0: trainer pre-started at launch (pid {first})" in log.read_text(), job.logs()[-3000:]
+    assert f"local rank 0: keeping the trainer pre-started at launch (pid {first})" in log.read_text()
     # The first start took the trainer started with the agent; the next one follows REFILL_DELAY_SECONDS later.
     waiting = wait_until(lambda: procs.standbys(agent.pid, ready=True), 90, "a pre-started trainer")
     assert len(waiting) == 1 and waiting[0] != first, (waiting, first)
@@ -33,7 +37,6 @@ def test_restart_runs_in_the_prestarted_trainer_which_dies_with_its_agent(job: L
                         "the restarted trainer")
     assert second == waiting, job.logs()[-3000:]  # the very process that waited, not a new one
     assert procs.comm(second[0]) != contract.STANDBY_PROCESS_NAME
-    log = job.log(0)
     line = f"the pre-started trainer (pid {second[0]}) takes this rank (its imports were done)"
     wait_until(lambda: line in log.read_text(), 30, "the agent's log line")
     # It trains with the restarted group's environment: it resumed from a checkpoint (restart count 1).

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddpjob_worker import causes, contract, termlog
+from ddpjob_worker import causes, contract, termlog, warm
 from ddpjob_worker.logs import get_logger
 
 log = get_logger("launch")
@@ -90,6 +90,9 @@ def child_failed(err: Any) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run torchrun with ``argv``; return the container exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Before the first torch import: the trainers' imports then overlap the agent's (ddpjob_worker.warm).
+    warm.prestart_at_launch(argv)
     from torch.distributed import DistNetworkError, DistStoreError
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -99,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ddpjob_worker import agent
 
     agent.install()
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))  # type: ignore[no-untyped-call]
+    args = parse_args(argv)  # type: ignore[no-untyped-call]
     # launch_agent passes LaunchConfig.shutdown_timeout (from this option) to the agent, which SIGKILLs the
     # workers that long after forwarding SIGTERM: it must cover the final checkpoint.
     args.shutdown_timeout = shutdown_timeout(getattr(args, "shutdown_timeout", None), os.environ)

@@ -125,3 +125,43 @@ def test_standby_exits_0_without_running_when_the_agent_closes_the_pipe(tmp_path
     finally:
         proc.kill()
     assert not marker.exists()
+
+
+LAUNCH = ["--module", "ddpjob_worker.recorded", "--module", "train", "--rank=${local_rank}", "--lr", "0.1"]
+
+
+@pytest.mark.parametrize(("argv", "environ", "expected"), [
+    (LAUNCH, {"PET_NPROC_PER_NODE": "2", "PYTHON_EXEC": "/py"},
+     [("/py", "-u", "-m", "ddpjob_worker.recorded", "--module", "train", "--rank=0", "--lr", "0.1"),
+      ("/py", "-u", "-m", "ddpjob_worker.recorded", "--module", "train", "--rank=1", "--lr", "0.1")]),
+    (["--module", "ddpjob_worker.recorded", "train.py"], {},
+     [(sys.executable, "-u", "-m", "ddpjob_worker.recorded", "train.py")]),
+    (["--module", "ddpjob_worker.recorded", "t.py"], {"PET_NPROC_PER_NODE": "cpu", "PYTHON_EXEC": "p"},
+     [("p", "-u", "-m", "ddpjob_worker.recorded", "t.py")] * (os.cpu_count() or 1)),
+    (LAUNCH, {"PET_NPROC_PER_NODE": "gpu"}, []),  # counting GPUs needs torch: the agent starts them later
+    (LAUNCH, {"PET_NO_PYTHON": "1"}, []),
+    (["--no-python", "./train"], {}, []),
+    (["train.py"], {}, []),
+])
+def test_launch_worker_argvs_match_torchruns_worker_command(argv: list[str], environ: dict[str, str],
+                                                            expected: list[tuple[str, ...]]) -> None:
+    assert warm.launch_worker_argvs(argv, environ) == expected
+
+
+def test_ensure_keeps_a_matching_launch_trainer_and_replaces_a_mismatched_one(pool: warm.Pool) -> None:
+    sleeper = [sys.executable, "-c", "import time; time.sleep(60)"]
+    pool.start(sleeper, 0, {"PATH": "/bin"})
+    first = pool.pid(sleeper, 0)
+    pool.ensure(sleeper, 0, {"PATH": "/bin", "OTHER": "x"})  # only startup keys matter
+    assert pool.pid(sleeper, 0) == first
+    pool.ensure(sleeper, 0, {"PATH": "/usr/bin"})
+    assert pool.pid(sleeper, 0) not in (None, first)
+    assert first is not None and not procs.alive(first)
+
+
+def test_keep_only_stops_a_wrong_launch_guess(pool: warm.Pool) -> None:
+    guessed = [sys.executable, "-c", "import time; time.sleep(60)", "guess"]
+    pool.start(guessed, 0, {})
+    pid = pool.pid(guessed, 0)
+    pool.keep_only({(("python", "other"), 0)})
+    assert pool.pid(guessed, 0) is None and pid is not None and not procs.alive(pid)
