@@ -82,7 +82,10 @@ def wait_until(check: Any, timeout: float, what: str) -> float:
     return time.monotonic()
 
 
-def audit_count(audit_log: Path, namespace: str, since: float, until: float) -> dict[str, int]:
+def audit_count(audit_log: Path, namespace: str, since: float, until: float,
+                by_call: dict[str, int] | None = None) -> dict[str, int]:
+    """Requests per user agent in ``namespace`` (or cluster-scoped) between ``since`` and ``until``; ``by_call``,
+    when given, also gets the operator's requests by verb and resource (where its requests per job go)."""
     by_ua: dict[str, int] = {}
     with audit_log.open() as fh:
         for line in fh:
@@ -98,6 +101,11 @@ def audit_count(audit_log: Path, namespace: str, since: float, until: float) -> 
                 continue
             ua = ev.get("userAgent", "").split("/")[0]
             by_ua[ua] = by_ua.get(ua, 0) + 1
+            if by_call is not None and not ua.startswith(OTHER_UAS):
+                ref = ev.get("objectRef") or {}
+                call = f"{ev.get('verb')} {ref.get('resource')}" + (f"/{ref['subresource']}" if ref.get("subresource")
+                                                                    else "")
+                by_call[call] = by_call.get(call, 0) + 1
     return by_ua
 
 
@@ -140,12 +148,14 @@ def run_operator_case(kubeconfig: Path, n: int, workers: int, logdir: Path, audi
         os.killpg(op.pid, signal.SIGTERM)
         op.wait(30)
         log.close()
-    by_ua = audit_count(audit_log, ns, wall0, wall1)
+    by_call: dict[str, int] = {}
+    by_ua = audit_count(audit_log, ns, wall0, wall1, by_call)
     op_requests = sum(v for k, v in by_ua.items() if not k.startswith(OTHER_UAS))
     return {
         "jobs": n, "workers": workers, "submit_s": t_submitted - t0, "all_pods_s": t_pods - t0,
         "all_running_s": t_running - t0, "operator_cpu_s": cpu, "operator_peak_rss_mb": rss,
         "operator_requests": op_requests, "requests_per_job": op_requests / n, "requests_by_agent": by_ua,
+        "operator_requests_by_call": dict(sorted(by_call.items(), key=lambda kv: -kv[1])),
     }
 
 
