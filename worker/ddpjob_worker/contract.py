@@ -78,6 +78,9 @@ DDPJOB_STANDBY = "DDPJOB_STANDBY"
 #: The process name (``/proc/PID/comm``) of a pre-started trainer once its imports are done and it waits for its
 #: rank; it takes the interpreter's name back when it gets one.
 STANDBY_PROCESS_NAME = "ddpjob-standby"
+#: The module ddp-worker runs every Python training script under (``python -m ddpjob_worker.recorded``): it leaves
+#: the error file, and it is what a pre-started trainer runs (the launcher recognizes its own command by it).
+RECORDED_MODULE = "ddpjob_worker.recorded"
 
 DEFAULT_RDZV_PORT = 29400
 DEFAULT_SIGTERM_BUDGET_SECONDS = 60

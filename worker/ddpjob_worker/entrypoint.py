@@ -67,7 +67,7 @@ def torchrun_argv(command: Sequence[str], env: contract.WorkerEnv) -> list[str]:
             "no training command: give the container args, e.g. args: [python, train.py] (or ddp-worker -- CMD)"
         )
     launcher = [sys.executable, "-m", "ddpjob_worker.launch"]
-    recorded = [*launcher, "--module", "ddpjob_worker.recorded"]
+    recorded = [*launcher, "--module", contract.RECORDED_MODULE]
     first = os.path.basename(command[0])
     if first.startswith("python") and len(command) >= 3 and command[1] == "-m":
         return [*recorded, "--module", command[2], *command[3:]]

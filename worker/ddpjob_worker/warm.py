@@ -24,6 +24,7 @@ import ctypes
 import json
 import os
 import signal
+import string
 import subprocess
 import sys
 import time
@@ -50,8 +51,6 @@ STARTUP_PREFIXES = ("PYTHON",)
 #: takes under a second once a waiting process is taken. Longer leaves the next fault without one: at 10 s a
 #: second fault 5 s after the first found none and its trainer started cold (6 s more on 2 cores).
 REFILL_DELAY_SECONDS = 3.0
-#: The module every Python training script runs under (ddp-worker puts it there); it knows how to wait.
-RECORDED = "ddpjob_worker.recorded"
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -117,8 +116,9 @@ class Pool:
         self._waiting: dict[tuple[tuple[str, ...], int], tuple[subprocess.Popen[bytes], dict[str, str]]] = {}
         self._wanted: dict[tuple[tuple[str, ...], int], tuple[dict[str, str], float]] = {}
 
-    def start(self, argv: Sequence[str], local_rank: int, environ: Mapping[str, str]) -> None:
-        """Start a waiting trainer for ``argv`` on ``local_rank`` with ``environ`` (its startup environment)."""
+    def start(self, argv: Sequence[str], local_rank: int, environ: Mapping[str, str]) -> int:
+        """Start a waiting trainer for ``argv`` on ``local_rank`` with ``environ`` (its startup environment);
+        return its pid."""
         key = (tuple(argv), local_rank)
         old = self._waiting.pop(key, None)
         if old is not None:
@@ -126,6 +126,7 @@ class Pool:
         env = {**environ, contract.DDPJOB_STANDBY: "1"}
         proc = subprocess.Popen(list(argv), env=env, stdin=subprocess.PIPE, start_new_session=True)
         self._waiting[key] = (proc, startup_env(environ))
+        return proc.pid
 
     def ensure(self, argv: Sequence[str], local_rank: int, environ: Mapping[str, str]) -> None:
         """Keep the waiting trainer for ``argv``/``local_rank`` if it is alive and was started with the startup
@@ -212,7 +213,7 @@ _original_handler: Callable[..., Any] | None = None
 
 def warmable(argv: Sequence[str]) -> bool:
     """Whether ``argv`` runs under ddpjob_worker.recorded (which knows how to wait); other programs start cold."""
-    return RECORDED in argv
+    return contract.RECORDED_MODULE in argv
 
 
 def launch_worker_argvs(launch_argv: Sequence[str], environ: Mapping[str, str]) -> list[tuple[str, ...]]:
@@ -225,10 +226,13 @@ def launch_worker_argvs(launch_argv: Sequence[str], environ: Mapping[str, str]) 
     nproc = environ.get(contract.PET_NPROC_PER_NODE, "1")
     nproc = str(os.cpu_count() or 1) if nproc == "cpu" else nproc  # torchrun's own rule for "cpu"
     others = ("PET_NO_PYTHON", "PET_RUN_PATH", "PET_NO_USE_ENV")
-    if list(launch_argv[:2]) != ["--module", RECORDED] or not nproc.isdigit() or any(environ.get(k) for k in others):
+    recorded = ["--module", contract.RECORDED_MODULE]
+    if list(launch_argv[:2]) != recorded or not nproc.isdigit() or any(environ.get(k) for k in others):
         return []
     python = environ.get("PYTHON_EXEC", sys.executable)
-    return [(python, "-u", "-m", RECORDED, *[a.replace("${local_rank}", str(rank)) for a in launch_argv[2:]])
+    # torch's macros.substitute: string.Template, so ``$local_rank`` and ``$$`` are substituted too.
+    return [(python, "-u", "-m", contract.RECORDED_MODULE,
+             *[string.Template(a).safe_substitute(local_rank=str(rank)) for a in launch_argv[2:]])
             for rank in range(int(nproc))]
 
 
@@ -239,9 +243,8 @@ def prestart_at_launch(launch_argv: Sequence[str]) -> None:
     if not enabled(os.environ):
         return
     for local_rank, argv in enumerate(launch_worker_argvs(launch_argv, os.environ)):
-        POOL.start(argv, local_rank, dict(os.environ))
-        log.info("local rank %d: trainer pre-started at launch (pid %d)", local_rank,
-                 POOL.pid(argv, local_rank))
+        pid = POOL.start(argv, local_rank, dict(os.environ))
+        log.info("local rank %d: trainer pre-started at launch (pid %d)", local_rank, pid)
 
 
 def prestart(entrypoint: Any, args: Sequence[Any], local_world_size: int) -> None:
@@ -253,13 +256,10 @@ def prestart(entrypoint: Any, args: Sequence[Any], local_world_size: int) -> Non
         return
     from torch.distributed.elastic.utils import macros  # type: ignore[attr-defined]
 
-    keys: set[tuple[tuple[str, ...], int]] = set()
-    for local_rank in range(local_world_size):
-        argv = (entrypoint, *[str(a) for a in macros.substitute(list(args), str(local_rank))])
-        if warmable(argv):
-            keys.add((argv, local_rank))
-    POOL.keep_only(keys)
-    for argv, local_rank in sorted(keys, key=lambda k: k[1]):
+    wanted = [(argv, local_rank) for local_rank in range(local_world_size)
+              if warmable(argv := (entrypoint, *[str(a) for a in macros.substitute(list(args), str(local_rank))]))]
+    POOL.keep_only(set(wanted))
+    for argv, local_rank in wanted:
         POOL.ensure(argv, local_rank, dict(os.environ))
 
 

@@ -138,6 +138,9 @@ LAUNCH = ["--module", "ddpjob_worker.recorded", "--module", "train", "--rank=${l
      [(sys.executable, "-u", "-m", "ddpjob_worker.recorded", "train.py")]),
     (["--module", "ddpjob_worker.recorded", "t.py"], {"PET_NPROC_PER_NODE": "cpu", "PYTHON_EXEC": "p"},
      [("p", "-u", "-m", "ddpjob_worker.recorded", "t.py")] * (os.cpu_count() or 1)),
+    # torch substitutes with string.Template: the short form too, and $$ is a literal $
+    (["--module", "ddpjob_worker.recorded", "t.py", "--out=/o/$local_rank", "--cost=$$5"], {"PYTHON_EXEC": "p"},
+     [("p", "-u", "-m", "ddpjob_worker.recorded", "t.py", "--out=/o/0", "--cost=$5")]),
     (LAUNCH, {"PET_NPROC_PER_NODE": "gpu"}, []),  # counting GPUs needs torch: the agent starts them later
     (LAUNCH, {"PET_NO_PYTHON": "1"}, []),
     (["--no-python", "./train"], {}, []),
