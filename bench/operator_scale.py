@@ -103,8 +103,7 @@ def audit_count(audit_log: Path, namespace: str, since: float, until: float,
             by_ua[ua] = by_ua.get(ua, 0) + 1
             if by_call is not None and not ua.startswith(OTHER_UAS):
                 ref = ev.get("objectRef") or {}
-                call = f"{ev.get('verb')} {ref.get('resource')}" + (f"/{ref['subresource']}" if ref.get("subresource")
-                                                                    else "")
+                call = f"{ev.get('verb')} " + "/".join(filter(None, (ref.get("resource"), ref.get("subresource"))))
                 by_call[call] = by_call.get(call, 0) + 1
     return by_ua
 
