@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from ddpjob_worker import contract, procs, warm
 
+from tests.worker.helpers import wait_until
+
 # A waiting process that writes what it reads on stdin to the file named by its argument.
 ECHO = [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write(sys.stdin.read())"]
 
@@ -118,7 +120,8 @@ def test_standby_exits_0_without_running_when_the_agent_closes_the_pipe(tmp_path
     proc = subprocess.Popen([sys.executable, "-m", "ddpjob_worker.recorded", str(script)],
                             env={**os.environ, contract.DDPJOB_STANDBY: "1"}, stdin=subprocess.PIPE)
     try:
-        assert procs.is_standby(proc.pid)
+        # Between fork and exec /proc/PID/environ is still this process's (no DDPJOB_STANDBY): wait for the exec.
+        wait_until(lambda: procs.is_standby(proc.pid), 30, "the standby's exec")
         assert proc.stdin is not None
         proc.stdin.close()
         assert proc.wait(100) == 0
