@@ -11,6 +11,8 @@ from typing import Any
 
 from ddpjob_operator import metrics
 from ddpjob_operator import reconcile as planner
+from ddpjob_operator import status as st
+from ddpjob_operator.identity import WorkerIdentity
 from ddpjob_operator.kube import OPTIONAL_KINDS, Created, Kube, adopt
 from ddpjob_operator.memory import JobMemory
 from ddpjob_operator.names import LABEL_REPLICA_TYPE, TYPE_RENDEZVOUS
@@ -43,14 +45,18 @@ def _answer(job: DDPJob, obj: Obj, result: Created) -> Problem | None:
                    message=children.conflict_text(kind, name, view.owner_uid))
 
 
-async def apply_plan(kube: Kube, key: tuple[str, str], mem: JobMemory, plan: planner.Plan) -> bool:
+async def apply_plan(kube: Kube, key: tuple[str, str], mem: JobMemory, plan: planner.Plan,
+                     identity: WorkerIdentity) -> bool:
     """Apply ``plan``; True when the API server's answers changed what the status should report."""
     assert plan.job is not None
     job, body = plan.job, mem.body
     before = dict(mem.problems)
+    if plan.status.get("state") not in (st.SUCCEEDED, st.FAILED):  # its pods need the ServiceAccount
+        for child, problem in await identity.ensure(kube, key[0]):
+            _record(mem, child, problem)
     ensure = await asyncio.gather(*(kube.create(owned(dict(obj), job, body)) for obj in plan.ensure))
     for obj, result in zip(plan.ensure, ensure, strict=True):
-        _record(mem, obj, _answer(job, obj, result))
+        _record(mem, children.key(obj), _answer(job, obj, result))
     for d in plan.delete_pods:  # before creates: a replacement reuses the deleted pod's name
         deleted = await kube.delete_pod(key[0], d.name, d.uid, force=d.force)
         mem.deleted_uids.add(d.uid)
@@ -62,7 +68,9 @@ async def apply_plan(kube: Kube, key: tuple[str, str], mem: JobMemory, plan: pla
         plan.create_pods = []
     results = await asyncio.gather(*(kube.create(adopt(pod, body)) for pod in plan.create_pods))
     for pod, result in zip(plan.create_pods, results, strict=True):
-        _record(mem, pod, _answer(job, pod, result))
+        _record(mem, children.key(pod), _answer(job, pod, result))
+        if result.refused is not None:  # perhaps the namespace's worker ServiceAccount is gone: look again
+            identity.forget(key[0])
         if result.obj is None:
             mem.name_taken = mem.name_taken or result.refused is None
             continue
@@ -74,8 +82,7 @@ async def apply_plan(kube: Kube, key: tuple[str, str], mem: JobMemory, plan: pla
     return before != mem.problems
 
 
-def _record(mem: JobMemory, obj: Obj, problem: Problem | None) -> None:
-    k: ChildKey = (obj["kind"], obj["metadata"]["name"])
+def _record(mem: JobMemory, k: ChildKey, problem: Problem | None) -> None:
     if problem is None:
         mem.problems.pop(k, None)
     else:

@@ -154,7 +154,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
         restartPolicy="Never",
         terminationGracePeriodSeconds=grace,
     )
-    pod_spec.setdefault("serviceAccountName", names.worker_service_account_name(job.name))
+    pod_spec.setdefault("serviceAccountName", names.WORKER_SERVICE_ACCOUNT)
     if claim:
         _default_fs_group(pod_spec)
     return gang.join(job, {
@@ -232,34 +232,28 @@ def build_pvc(job: DDPJob) -> Obj | None:
     return _child("v1", "PersistentVolumeClaim", names.pvc_name(job.name), job, spec=spec)
 
 
-def build_service_account(job: DDPJob) -> Obj:
-    """Per-job ServiceAccount of the workers (per job, so its Role can name exactly one DDPJob)."""
-    return _child("v1", "ServiceAccount", names.worker_service_account_name(job.name), job)
+def build_worker_identity(namespace: str) -> list[Obj]:
+    """The workers' ServiceAccount, a Role allowing only ``patch`` of DDPJob status in this namespace (rank 0
+    reports progress), and the RoleBinding between them: one set per namespace, without an owner (they outlive
+    any one job). Not per job: anyone who may create pods in a namespace may run them under any of its
+    ServiceAccounts, so a per-job Role never separated two jobs of one namespace from each other; the namespace
+    is the boundary either way (docs/api.md)."""
+    name = names.WORKER_SERVICE_ACCOUNT
+    labels = {"app.kubernetes.io/name": "ddpjob", names.IDENTITY_LABEL[0]: names.IDENTITY_LABEL[1],
+              "app.kubernetes.io/managed-by": "ddpjob-operator"}
 
+    def meta() -> Obj:
+        return {"name": name, "namespace": namespace, "labels": dict(labels)}
 
-def build_role(job: DDPJob) -> Obj:
-    """Role allowing only ``patch`` of this one DDPJob's status (rank 0 reports progress)."""
-    return _child(
-        "rbac.authorization.k8s.io/v1", "Role", names.worker_service_account_name(job.name), job,
-        rules=[
-            {
-                "apiGroups": [GROUP],
-                "resources": [f"{PLURAL}/status"],
-                "resourceNames": [job.name],
-                "verbs": ["patch"],
-            }
-        ],
-    )
-
-
-def build_role_binding(job: DDPJob) -> Obj:
-    """Binds the worker ServiceAccount to its Role."""
-    name = names.worker_service_account_name(job.name)
-    return _child(
-        "rbac.authorization.k8s.io/v1", "RoleBinding", name, job,
-        roleRef={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        subjects=[{"kind": "ServiceAccount", "name": name, "namespace": job.namespace}],
-    )
+    rbac = "rbac.authorization.k8s.io/v1"
+    rule = {"apiGroups": [GROUP], "resources": [f"{PLURAL}/status"], "verbs": ["patch"]}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta()},
+        {"apiVersion": rbac, "kind": "Role", "metadata": meta(), "rules": [rule]},
+        {"apiVersion": rbac, "kind": "RoleBinding", "metadata": meta(),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]},
+    ]
 
 
 def build_network_policy(job: DDPJob) -> Obj:
@@ -279,9 +273,9 @@ def build_network_policy(job: DDPJob) -> Obj:
 
 
 def build_static_children(job: DDPJob) -> list[Obj]:
-    """Every non-pod child, in dependency order (RBAC before the pods that use it); ensured on every pass."""
-    objs = [build_service_account(job), build_role(job), build_role_binding(job), build_service(job),
-            build_network_policy(job)]
+    """Every non-pod child of the job, in dependency order; ensured on every pass (the namespace's worker identity
+    is ensured apart, identity.py)."""
+    objs = [build_service(job), build_network_policy(job)]
     pvc = build_pvc(job)
     if pvc is not None:
         objs.append(pvc)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -14,20 +15,25 @@ from typing import Any, cast
 
 import kopf
 
-from ddpjob_operator import metrics, resync
+from ddpjob_operator import metrics, podwatch, resync
 from ddpjob_operator import reconcile as planner
 from ddpjob_operator import status as st
 from ddpjob_operator.apply import apply_plan
 from ddpjob_operator.cache import ChildCache, Key
+from ddpjob_operator.identity import WorkerIdentity
 from ddpjob_operator.kube import Kube, NamespaceTerminating, Rejected
 from ddpjob_operator.memory import JobMemory, backoff
 from ddpjob_operator.observed import PodView, count, truncate
+from ddpjob_operator.policies import status_writes
 from ddpjob_operator.workqueue import WorkQueue
 
 log = logging.getLogger("ddpjob.controller")
 
-#: Concurrent reconcile passes (each is mostly waiting on the API server).
-WORKERS = 16
+#: Concurrent reconcile passes. Each is mostly waiting on the API server: a new job's first pass takes ~1.5 s under
+#: a burst (its children, then its pods, then its status, each a round trip of 0.2-0.5 s), so 16 workers queued
+#: the 500th of 500 new jobs for 30 s while the API server had room for more (bench/operator_scale.py, 2026-11-25:
+#: it served 400 requests/s to a bare client and 230/s to the operator). kube.MAX_IN_FLIGHT still caps the requests.
+WORKERS = 64
 
 
 def _first_start(old: Mapping[str, Any]) -> bool:
@@ -61,6 +67,7 @@ class Controller:
         self.jobs: dict[Key, JobMemory] = {}
         self.queue: WorkQueue[Key] = WorkQueue()
         self.cache = ChildCache()
+        self.identity = WorkerIdentity()
         self._states: dict[Key, str] = {}
         self.kube: Kube | None = None
         self.namespaces: list[str] = []
@@ -69,8 +76,8 @@ class Controller:
         self._synced: asyncio.Event | None = None
 
     def start(self, kube: Kube) -> None:
-        """Start the workers and the resync (once), inside a kopf handler's context so kopf.event() can post
-        Events."""
+        """Start the workers, the resync and the pods' watch (once), inside a kopf handler's context so kopf.event()
+        can post Events and the API calls find kopf's credentials."""
         if self._workers:
             return
         self.kube = kube
@@ -79,6 +86,9 @@ class Controller:
         self._workers.append(asyncio.create_task(
             resync.sync_then_resync(kube, self.cache, self, self.namespaces, self.resync_seconds, self._synced),
             name="ddpjob-resync"))
+        self._workers.append(asyncio.create_task(
+            podwatch.watch_pods(kube.settings, self.namespaces, functools.partial(self.child_seen, "Pod")),
+            name="ddpjob-pods"))
 
     async def stop(self) -> None:
         """Cancel the workers (operator shutdown)."""
@@ -102,7 +112,11 @@ class Controller:
         rv = _rv(body)
         if mem is None or mem.body["metadata"].get("uid") != meta.get("uid"):
             self.jobs[key] = JobMemory(body=_kept(body), resource_version=rv)
-        elif rv >= mem.resource_version:  # never go back to a body older than our own status write
+        elif rv == mem.resource_version and event_type == "MODIFIED":
+            # The echo of our own status write, whose answer the pass already kept: nothing new to plan (every
+            # change of a child enqueues its own pass). A listing or the resync always plans.
+            return
+        elif rv > mem.resource_version:  # never go back to a body older than our own status write
             mem.body, mem.resource_version = _kept(body), rv
         self.queue.add(key)
 
@@ -117,6 +131,15 @@ class Controller:
         for key in keys:
             if key in self.jobs:
                 self.queue.add(key)
+
+    def identity_lost(self, namespace: str) -> None:
+        """A worker identity object of ``namespace`` was deleted: the jobs there create it again."""
+        self.identity.forget(namespace)
+        self.enqueue([key for key in self.jobs if key[0] == namespace])
+
+    def resynced(self) -> None:
+        """After a resync: check the namespaces' worker identity again (someone may have deleted it)."""
+        self.identity.forget()
 
     def forget_unlisted(self, listed: set[Key], list_rv: int, scope: Iterable[str] | None) -> None:
         """After a LIST of DDPJobs (whose bodies went through ``job_seen``): forget jobs deleted while the watch
@@ -177,18 +200,20 @@ class Controller:
         observed = planner.Observed(
             pods=pods, children=self.cache.children(key), problems=dict(mem.problems),
             node_ready=await self._node_readiness(body, pods, now), restarts_floor=mem.restarts_floor,
-            incidents_floor=mem.incidents_floor, first_pass=mem.passes == 0,
+            incidents_floor=mem.incidents_floor, first_pass=mem.passes == 0, routine_since=mem.routine_since,
+            routine_wait=status_writes.interval(len(self.queue), WORKERS),
         )
         plan = planner.plan(body, observed, now)
         try:
-            if plan.job is not None and await apply_plan(self.kube, key, mem, plan):
+            if plan.job is not None and await apply_plan(self.kube, key, mem, plan, self.identity):
                 # The same observation with the API server's answers to this pass's creates.
                 answered = planner.plan(body, dataclasses.replace(observed, problems=dict(mem.problems)), now)
-                plan.status, plan.patch = answered.status, answered.patch
+                plan.status, plan.patch, plan.status_held = answered.status, answered.patch, answered.status_held
                 plan.events += [e for e in answered.events if e not in plan.events]
         except Rejected as err:
             plan = self._rejected_plan(body, plan, err, now)
         self._log(key, plan)
+        mem.routine_since = (mem.routine_since or now) if plan.status_held else None
         if plan.patch:
             fresh = await self.kube.patch_status(key[0], key[1], plan.patch)
             if fresh and _rv(fresh) >= mem.resource_version:

@@ -1,6 +1,6 @@
-"""kopf wiring only: watch DDPJobs and every kind of child (pods, Services, ServiceAccounts, Roles, RoleBindings,
-PVCs, NetworkPolicies, server-side filtered by the job-name label), feed the controller's cache, and turn every
-event into "reconcile this job" on its queue. Handlers return None (kopf would store a return value in the
+"""kopf wiring only: watch DDPJobs and every kind of child (pods, Services, PVCs, NetworkPolicies, PodGroups,
+server-side filtered by the job-name label) and the namespaces' worker identity, feed the controller's cache, and
+turn every event into "reconcile this job" on its queue. Handlers return None (kopf would store a return value in the
 status)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import kopf
 
 from ddpjob_operator import names
 from ddpjob_operator.controller import Controller
+from ddpjob_operator.identity import IDENTITY_LABEL, IDENTITY_RESOURCES
 from ddpjob_operator.kube import API_VERSIONS, LIST_PAGE, Kube, watch_resource
 from ddpjob_operator.spec import GROUP, PLURAL, VERSION, InvalidSpec, parse_ddpjob
 
@@ -52,6 +53,8 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # Only our children travel over the watches: the API server filters them, not the operator.
     for kind in API_VERSIONS:
         settings.watching.label_selectors[watch_resource(kind)] = names.LABEL_JOB_NAME
+    for resource in IDENTITY_RESOURCES:
+        settings.watching.label_selectors[resource] = "=".join(IDENTITY_LABEL)
     settings.persistence.diffbase_storage = EventHandlersOnly()
     # kopf re-lists a kind whenever its watch restarts; unchunked, every pod of every job arrived in one response
     # and was held whole (38 MB in a tracemalloc snapshot at 500 jobs x 4 workers).
@@ -99,9 +102,22 @@ def _watch(kind: str, resource: str) -> None:
     kopf.on.event(resource, labels={names.LABEL_JOB_NAME: kopf.PRESENT})(child_event)
 
 
-# The same kinds the resync lists (kube.API_VERSIONS), so the two can never cover different children.
+# The same kinds the resync lists (kube.API_VERSIONS), so the two can never cover different children. Pods come
+# from the controller's own stream instead (podwatch.py), with the label selector configure() sets for them.
 for _kind in API_VERSIONS:
-    _watch(_kind, watch_resource(_kind))
+    if _kind != "Pod":
+        _watch(_kind, watch_resource(_kind))
+
+
+async def identity_event(type: str | None, event: kopf.RawEvent, **_: Any) -> None:
+    """The namespace's worker ServiceAccount, Role or RoleBinding was deleted: its jobs' next passes create it
+    again (within a second, like a job's own children)."""
+    if type == "DELETED":
+        controller.identity_lost(str((event["object"].get("metadata") or {}).get("namespace") or ""))
+
+
+for _resource in IDENTITY_RESOURCES:
+    kopf.on.event(_resource, labels=dict([IDENTITY_LABEL]))(identity_event)
 
 
 @kopf.on.cleanup()

@@ -45,14 +45,12 @@ _PLURALS = {
     "NetworkPolicy": "networkpolicies",
     "PodGroup": "podgroups",
 }
-#: apiVersion of every child kind (for LIST and GET by kind).
+#: apiVersion of every kind of a job's children: the kinds the operator watches and the resync lists. The
+#: namespace's worker identity (ServiceAccount, Role, RoleBinding) is not a job's child: identity.py.
 API_VERSIONS = {
     "Pod": "v1",
     "Service": "v1",
     "PersistentVolumeClaim": "v1",
-    "ServiceAccount": "v1",
-    "Role": "rbac.authorization.k8s.io/v1",
-    "RoleBinding": "rbac.authorization.k8s.io/v1",
     "NetworkPolicy": "networking.k8s.io/v1",
     "PodGroup": "scheduling.x-k8s.io/v1alpha1",
 }
@@ -81,8 +79,8 @@ MAX_IN_FLIGHT = 64
 
 #: (API group, resource) -> the verbs the operator uses, namespaced; the chart's RBAC must grant exactly these.
 #: Children are watched (list, watch), created, and read back (get) when a create finds the name taken; pods
-#: are also deleted. roles and rolebindings: the per-job Role grants patch on ddpjobs/status, which the
-#: operator must hold itself (RBAC escalation rule).
+#: are also deleted. The namespace's worker identity is handled the same way (watched by its own label); its Role
+#: grants patch on ddpjobs/status, which the operator must hold itself (RBAC escalation rule).
 PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     (GROUP, PLURAL): ("list", "watch", "delete"),
     (GROUP, f"{PLURAL}/status"): ("patch",),

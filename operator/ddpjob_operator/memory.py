@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from datetime import datetime
 from typing import Any
 
 from ddpjob_operator.observed import PodView
@@ -45,6 +46,8 @@ class JobMemory:
     """Consecutive passes with a refused create (for the retry backoff)."""
     errors: int = 0
     passes: int = 0
+    routine_since: datetime | None = None
+    """When a pass first held back a routine status change that is not written yet (status_writes)."""
     """Passes completed by this process (0: the first, which may find pods lost while the operator was down)."""
 
     def observed_pods(self, cached: list[PodView], now: float) -> list[PodView]:

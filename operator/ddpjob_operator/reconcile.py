@@ -16,6 +16,7 @@ from typing import Any
 
 from ddpjob_operator import builders, names
 from ddpjob_operator import status as st
+from ddpjob_operator.aux_conditions import aux_conditions
 from ddpjob_operator.observed import ChildView, PodView, format_time, parse_time, truncate
 from ddpjob_operator.policies import (
     children,
@@ -23,9 +24,9 @@ from ddpjob_operator.policies import (
     failure,
     incidents,
     pods,
-    queued,
     recovery,
     stall,
+    status_writes,
     success,
     suspend,
     ttl,
@@ -66,6 +67,8 @@ class Plan:
     events: list[st.Event] = dataclasses.field(default_factory=list)
     requeue_after: float | None = None
     invalid: InvalidSpec | None = None
+    status_held: bool = False
+    """A routine status change waits for a later pass (status_writes)."""
 
     def requeue_at(self, when: datetime | None, now: datetime) -> None:
         """Ask for another pass at ``when`` (the earliest request wins)."""
@@ -91,6 +94,10 @@ class Observed:
     first_pass: bool = False
     """The first pass of this operator process over the job, on a fully listed cache: a pod of a running job
     that is not there at all was lost while no operator watched."""
+    routine_since: datetime | None = None
+    """When a pass of this process first held back a routine status change not written since (None: none)."""
+    routine_wait: float = status_writes.ROUTINE_INTERVAL
+    """How long a routine status change may wait for the next write (longer while the operator is busy)."""
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -141,7 +148,17 @@ def _begin(job: DDPJob, old: Mapping[str, Any], obs: Observed, now: datetime, ge
 
 
 def plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
-    """Plan one reconcile pass of a DDPJob."""
+    """Plan one reconcile pass of a DDPJob; a routine status change waits for the next write (status_writes)."""
+    result = _plan(body, observed, now)
+    write = status_writes.decide(result.patch, body.get("status") or {}, result.status, observed.routine_since,
+                                 now, observed.routine_wait)
+    if not write.now and write.later is not None:
+        result.patch, result.status_held = {}, True
+        result.requeue_at(write.later, now)
+    return result
+
+
+def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
     old: Mapping[str, Any] = body.get("status") or {}
     generation = int((body.get("metadata") or {}).get("generation") or 0)
     result = Plan()
@@ -277,30 +294,8 @@ def _loss_event(loss: failure.Loss, incident_id: int, ps: _Pass) -> st.Event:
 
 
 def _aux(ps: _Pass, stalled: stall.Stall | None, conflicts: Sequence[str]) -> None:
-    """Conditions beside the state: Stalled, ChildConflict, CreateRefused."""
-    last = incidents.recovering(ps.recent)
-    if stalled is not None:
-        ps.aux.append(st.Aux(st.STALLED, True, stalled.reason, stalled.message))
-    elif last is not None and last.get("cause") == failure.STALLED:
-        ps.aux.append(st.Aux(st.STALLED, True, "RestartedAfterStall",
-                             f"incident #{last.get('id')}: workers restarted after a stall; waiting for progress"))
-    else:
-        ps.aux.append(st.Aux(st.STALLED, False, "Progressing", "training reports progress"))
-    if conflicts:
-        ps.aux.append(st.Aux(st.CHILD_CONFLICT, True, "ChildConflict", truncate("; ".join(conflicts))))
-    else:
-        ps.aux.append(st.Aux(st.CHILD_CONFLICT, False, "NoConflict", "every child is controlled by this DDPJob"))
-    refused = children.refusals(ps.obs.problems)
-    if refused:
-        first = refused[0]
-        text = f"the API server refused to create {first.kind} {first.name}: {first.message}; retrying with backoff"
-        ps.aux.append(st.Aux(st.CREATE_REFUSED, True, first.reason, truncate(text)))
-    else:
-        ps.aux.append(st.Aux(st.CREATE_REFUSED, False, "Created", "the API server accepted every create"))
-    q = queued.decide([*ps.workers, *ps.rdzv], gang=ps.job.spec.scheduling.gang is not None)
-    ps.aux.append(st.Aux(st.QUEUED, q.queued, q.reason, q.message))
-
-
+    ps.aux += aux_conditions(ps.recent, stalled, conflicts, ps.obs.problems, [*ps.workers, *ps.rdzv],
+                             gang=ps.job.spec.scheduling.gang is not None)
 def _recovery(result: Plan, ps: _Pass) -> None:
     """Close the recovering incident once enough workers run and training ran again since it began; record its
     recovery clock."""

@@ -42,6 +42,8 @@ class JobSink(Protocol):
 
     def enqueue(self, keys: Iterable[Key]) -> None: ...
 
+    def resynced(self) -> None: ...
+
 
 async def _list_children(kube: Kube, kind: str, scopes: list[str | None]) -> tuple[list[Listed], int]:
     """Every child of ``kind`` as a view, and the LIST's resourceVersion; raw items are dropped page by page."""
@@ -78,6 +80,7 @@ async def resync_once(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: 
                 sink.job_seen("RESYNC", body)
             jobs_rv = max(jobs_rv, page_rv)
     sink.forget_unlisted(jobs, jobs_rv, scope)
+    sink.resynced()
     sink.enqueue(changed)
     return len(changed)
 

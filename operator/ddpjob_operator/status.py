@@ -244,6 +244,8 @@ def transition_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Ev
             continue
         if cond["type"] == RESTARTING:
             continue  # the planner emits one WorkerFailed Event per failed pod, with its exit code
+        if cond["type"] == CREATED:
+            continue  # routine: every accepted job has it, and 500 jobs would post 500 Events (operator-scale.md)
         kind = "Warning" if cond["type"] in _WARNING_TYPES else "Normal"
         # An auxiliary condition's Event is named by what happened (Stalled), its reason says why.
         reason = cond["type"] if cond["type"] in AUX_TYPES else cond["reason"]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ddpjob_operator.builders import build_worker_identity
 
 from tests.conftest import Cluster, wait_for
 
@@ -182,25 +183,16 @@ def test_rbac_cluster_wide_is_least_privilege(cluster: Cluster, release: str, ot
     assert not wrong, "RBAC differs from least privilege:\n" + "\n".join(wrong)
 
 
-def test_operator_can_create_the_per_job_worker_rbac(cluster: Cluster, release: str, other_namespace: str) -> None:
-    """RBAC forbids granting what one does not hold: the operator's own rights must cover the worker Role."""
+def test_operator_can_create_the_workers_identity(cluster: Cluster, release: str, other_namespace: str) -> None:
+    """RBAC forbids granting what one does not hold: the operator's own rights must cover the worker Role (the
+    very objects builders.build_worker_identity makes)."""
     sa = f"system:serviceaccount:{release}:{RELEASE}"
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": {"name": "job-a-worker", "namespace": other_namespace},
-        "rules": [{"apiGroups": ["ddpjob.io"], "resources": ["ddpjobs/status"], "resourceNames": ["job-a"],
-                   "verbs": ["patch"]}],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "job-a-worker", "namespace": other_namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "job-a-worker"},
-        "subjects": [{"kind": "ServiceAccount", "name": "job-a-worker", "namespace": other_namespace}],
-    }
-    for obj in (role, binding):
+    identity = build_worker_identity(other_namespace)
+    for obj in identity:
         cluster.kubectl("create", f"--as={sa}", "-f", "-", stdin=json.dumps(obj))
+    role = identity[1]
     # ...but not a Role granting more than it holds (here: secrets).
-    role["metadata"]["name"] = "greedy"  # type: ignore[index]
+    role["metadata"]["name"] = "greedy"
     role["rules"] = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
     proc = cluster.kubectl("create", f"--as={sa}", "-f", "-", stdin=json.dumps(role), check=False)
     assert proc.returncode != 0 and "forbidden" in proc.stderr.lower(), proc.stderr

@@ -85,7 +85,7 @@ The rules the operator needs in a namespace where it manages DDPJobs. One list, 
   resources: ["ddpjobs"]
   verbs: ["list", "watch", "delete"]
 # Status is written once per reconcile pass. Holding `patch` here is also what lets the operator create the
-# per-job worker Role granting `patch ddpjobs/status` (RBAC forbids granting what one does not hold).
+# workers' Role granting `patch ddpjobs/status` (RBAC forbids granting what one does not hold).
 - apiGroups: ["ddpjob.io"]
   resources: ["ddpjobs/status"]
   verbs: ["patch"]
@@ -93,13 +93,12 @@ The rules the operator needs in a namespace where it manages DDPJobs. One list, 
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch", "create", "delete"]
-# The other children (headless Service, checkpoint PVC, worker ServiceAccount): ensured on every pass, read back
-# when a create finds the name taken (to tell our object from a foreign one). Never deleted by the operator:
-# garbage collection removes them with the DDPJob.
+# The other children (headless Service, checkpoint PVC) and the workers' identity, one per namespace
+# (ServiceAccount, Role and RoleBinding `ddpjob-worker`; the Role allows only patch of DDPJob status): watched so
+# a deleted one comes back, ensured, read back when a create finds the name taken. Never deleted by the operator.
 - apiGroups: [""]
   resources: ["services", "persistentvolumeclaims", "serviceaccounts"]
   verbs: ["get", "list", "watch", "create"]
-# Per-job worker Role/RoleBinding (patch of its own DDPJob's status only).
 - apiGroups: ["rbac.authorization.k8s.io"]
   resources: ["roles", "rolebindings"]
   verbs: ["get", "list", "watch", "create"]

@@ -141,8 +141,9 @@ class FakeCluster:
         self.node_ready: dict[str, bool] = {"node-1": True}
 
     def observed(self, floor: int = 0) -> Observed:
+        # routine_wait 0: a scenario's routine status changes are written at once (status_writes has its own tests)
         return Observed(pods=[*views(*self.pods.values()), *self.tombstones], node_ready=self.node_ready,
-                        restarts_floor=floor, problems=dict(self.problems),
+                        restarts_floor=floor, problems=dict(self.problems), routine_wait=0.0,
                         children={k: ChildView.from_object(v, k[0]) for k, v in self.children.items()})
 
     def plan(self, now: datetime) -> Plan:

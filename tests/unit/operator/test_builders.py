@@ -135,11 +135,24 @@ def test_pvc_defaults() -> None:
     }
 
 
-def test_worker_role_may_only_patch_its_own_status() -> None:
-    role = builders.build_role(parse_ddpjob(make_job("x").obj()))
-    assert role["rules"] == [
-        {"apiGroups": ["ddpjob.io"], "resources": ["ddpjobs/status"], "resourceNames": ["x"], "verbs": ["patch"]}
-    ]
+def test_worker_identity_is_one_per_namespace_and_may_only_patch_ddpjob_status() -> None:
+    sa, role, binding = builders.build_worker_identity("team-a")
+    assert [o["kind"] for o in (sa, role, binding)] == ["ServiceAccount", "Role", "RoleBinding"]
+    assert {o["metadata"]["name"] for o in (sa, role, binding)} == {"ddpjob-worker"}
+    assert {o["metadata"]["namespace"] for o in (sa, role, binding)} == {"team-a"}
+    assert all("ownerReferences" not in o["metadata"] for o in (sa, role, binding)), "it outlives any one job"
+    assert role["rules"] == [{"apiGroups": ["ddpjob.io"], "resources": ["ddpjobs/status"], "verbs": ["patch"]}]
+    assert binding["roleRef"]["name"] == "ddpjob-worker"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ddpjob-worker", "namespace": "team-a"}]
+
+
+def test_pods_run_as_the_namespace_worker_identity_unless_the_template_names_one() -> None:
+    job = make_job("x").obj()
+    assert builders.build_worker_pod(parse_ddpjob(job), 0)["spec"]["serviceAccountName"] == "ddpjob-worker"
+    job["spec"]["template"]["spec"]["serviceAccountName"] = "mine"
+    assert builders.build_worker_pod(parse_ddpjob(job), 0)["spec"]["serviceAccountName"] == "mine"
+    assert all(o["kind"] not in ("ServiceAccount", "Role", "RoleBinding")
+               for o in builders.build_static_children(parse_ddpjob(job)))
 
 
 def test_rendezvous_pod_runs_the_store_in_the_worker_image() -> None:

@@ -88,7 +88,7 @@ def run_passes(job: dict[str, Any], kube: FakeKube, passes: int) -> ctl.Controll
     return asyncio.run(scenario())
 
 
-def test_one_pass_creates_children_writes_status_once_and_posts_events(events: list[tuple[str, str]]) -> None:
+def test_one_pass_creates_children_and_writes_status_once(events: list[tuple[str, str]]) -> None:
     job = make_job(replicas=2).obj()
     job["metadata"]["resourceVersion"] = "1"
     kube = FakeKube(job)
@@ -96,9 +96,9 @@ def test_one_pass_creates_children_writes_status_once_and_posts_events(events: l
     kinds = sorted(c for c in kube.calls if c.startswith("create"))
     assert kinds == sorted(
         [
-            "create ServiceAccount job-worker",
-            "create Role job-worker",
-            "create RoleBinding job-worker",
+            "create ServiceAccount ddpjob-worker",
+            "create Role ddpjob-worker",
+            "create RoleBinding ddpjob-worker",
             "create Service job",
             "create NetworkPolicy job-rdzv",
             "create Pod job-rdzv",
@@ -107,7 +107,8 @@ def test_one_pass_creates_children_writes_status_once_and_posts_events(events: l
         ]
     )
     assert kube.calls.count("patch status") == 1
-    assert ("JobCreated", "the operator accepted the DDPJob and manages its pods") in events
+    assert events == [], "no Event for a routine creation"
+    assert "ownerReferences" not in kube.objects[("ServiceAccount", "ddpjob-worker")]["metadata"]
     pod = kube.objects[("Pod", "job-worker-0")]
     assert pod["metadata"]["ownerReferences"][0]["uid"] == "uid-job"
 
@@ -178,6 +179,63 @@ def test_refused_pod_create_says_why_in_the_same_pass(events: list[tuple[str, st
     assert refused["status"] == "True" and refused["reason"] == "PodSecurity"
     assert "allowPrivilegeEscalation" in refused["message"] and "Pod Security level" in refused["message"]
     assert c.jobs[("ns", "job")].refusals == 1
+
+
+def identity_creates(kube: FakeKube) -> int:
+    return sum(c.endswith(" ddpjob-worker") for c in kube.calls)
+
+
+def test_worker_identity_is_created_once_then_again_after_a_resync_or_a_refused_pod(
+        events: list[tuple[str, str]]) -> None:
+    job = make_job(replicas=1).obj()
+    kube = FakeKube(job)
+
+    async def scenario() -> list[int]:
+        c = ctl.Controller()
+        c.kube = kube  # type: ignore[assignment]
+        c.job_seen(None, job)
+        seen = []
+        for step in ("pass", "pass", "resync", "refuse"):
+            if step == "resync":
+                c.resynced()
+            if step == "refuse":
+                kube.forbid = "Pod"
+                c.cache.forget(("ns", "job"))
+                c.jobs[("ns", "job")].expected.clear()  # the pods are gone: the pass creates them again
+                kube.objects = {k: v for k, v in kube.objects.items() if k[0] != "Pod"}
+            await c.reconcile(("ns", "job"))
+            seen.append(identity_creates(kube))
+        await c.reconcile(("ns", "job"))
+        seen.append(identity_creates(kube))
+        c.queue.close()
+        return seen
+
+    # created; known; created again after the resync (409s); the refused pod makes the next pass check again
+    assert asyncio.run(scenario()) == [3, 3, 6, 6, 9]
+
+
+def test_the_echo_of_our_own_status_write_plans_no_pass(events: list[tuple[str, str]]) -> None:
+    job = make_job(replicas=1).obj()
+    job["metadata"]["resourceVersion"] = "1"
+    kube = FakeKube(job)
+
+    async def scenario() -> tuple[int, int, int]:
+        c = ctl.Controller()
+        c.kube = kube  # type: ignore[assignment]
+        c.job_seen(None, job)
+        await c.queue.get()
+        c.queue.done(("ns", "job"))
+        await c.reconcile(("ns", "job"))  # writes status: resourceVersion 2
+        echoed = len(c.queue)
+        c.job_seen("MODIFIED", copy.deepcopy(kube.job))  # the watch delivers our own write
+        after_echo = len(c.queue)
+        newer = copy.deepcopy(kube.job)
+        newer["metadata"]["resourceVersion"] = "3"  # someone else's change (rank 0's progress)
+        c.job_seen("MODIFIED", newer)
+        c.queue.close()
+        return echoed, after_echo, len(c.queue)
+
+    assert asyncio.run(scenario()) == (0, 0, 1)
 
 
 def test_kept_body_drops_managed_fields_only() -> None:

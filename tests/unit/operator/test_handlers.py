@@ -9,14 +9,15 @@ from typing import Any, cast
 
 import kopf
 import pytest
-from ddpjob_operator import handlers, kube
+from ddpjob_operator import handlers, kube, podwatch
 from kopf._cogs.clients import api as kopf_api
 
 
 def test_only_event_handlers_are_registered_so_no_diff_base_is_needed() -> None:
     registry = kopf.get_default_registry()
     watched = {getattr(h.fn, "__name__", "") for h in registry._watching.get_all_handlers()}
-    assert {"ddpjob_event", "pod_event", "service_event"} <= watched
+    assert {"ddpjob_event", "service_event", "identity_event"} <= watched
+    assert "pod_event" not in watched, "pods come from the controller's own stream (podwatch.py)"
     assert not registry._changing.get_all_handlers(), "on.create/update/field handlers need kopf's diff base"
     assert not registry._spawning.get_all_handlers(), "daemons and timers need kopf's diff base"
 
@@ -33,6 +34,10 @@ def test_settings_bound_what_kopf_holds_at_once() -> None:
     assert settings.queueing.idle_timeout == handlers.IDLE_WORKER_SECONDS
     assert settings.posting.worker_limit == handlers.EVENT_POSTERS
     assert isinstance(settings.persistence.diffbase_storage, handlers.EventHandlersOnly)
+    # The pods' own stream is filtered by the API server like kopf's were.
+    assert settings.watching.label_selectors.collect(podwatch.PODS) == ["ddpjob.io/job-name"]
+    assert settings.watching.label_selectors.collect(
+        kopf.Resource("rbac.authorization.k8s.io", "v1", "roles")) == ["app.kubernetes.io/component=worker-identity"]
 
 
 def test_requests_in_flight_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
