@@ -12,7 +12,7 @@ import kopf
 
 from ddpjob_operator import names
 from ddpjob_operator.controller import Controller
-from ddpjob_operator.identity import IDENTITY_LABEL, IDENTITY_RESOURCES
+from ddpjob_operator.identity import IDENTITY_RESOURCES
 from ddpjob_operator.kube import API_VERSIONS, LIST_PAGE, Kube, watch_resource
 from ddpjob_operator.spec import GROUP, PLURAL, VERSION, InvalidSpec, parse_ddpjob
 
@@ -54,7 +54,7 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     for kind in API_VERSIONS:
         settings.watching.label_selectors[watch_resource(kind)] = names.LABEL_JOB_NAME
     for resource in IDENTITY_RESOURCES:
-        settings.watching.label_selectors[resource] = "=".join(IDENTITY_LABEL)
+        settings.watching.label_selectors[resource] = "=".join(names.IDENTITY_LABEL)
     settings.persistence.diffbase_storage = EventHandlersOnly()
     # kopf re-lists a kind whenever its watch restarts; unchunked, every pod of every job arrived in one response
     # and was held whole (38 MB in a tracemalloc snapshot at 500 jobs x 4 workers).
@@ -117,7 +117,7 @@ async def identity_event(type: str | None, event: kopf.RawEvent, **_: Any) -> No
 
 
 for _resource in IDENTITY_RESOURCES:
-    kopf.on.event(_resource, labels=dict([IDENTITY_LABEL]))(identity_event)
+    kopf.on.event(_resource, labels=dict([names.IDENTITY_LABEL]))(identity_event)
 
 
 @kopf.on.cleanup()

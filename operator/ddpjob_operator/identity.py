@@ -13,17 +13,17 @@ import asyncio
 import logging
 
 from ddpjob_operator import builders
-from ddpjob_operator.kube import Kube
-from ddpjob_operator.names import IDENTITY_LABEL
+from ddpjob_operator.kube import Kube, watch_resource
 from ddpjob_operator.policies import children
 from ddpjob_operator.policies.children import ChildKey, Problem
 
 log = logging.getLogger("ddpjob.identity")
 
-__all__ = ["IDENTITY_LABEL", "IDENTITY_RESOURCES", "WorkerIdentity"]
-
-#: kopf's names of the identity's resources (watched by IDENTITY_LABEL).
-IDENTITY_RESOURCES = ("serviceaccounts", "roles.rbac.authorization.k8s.io", "rolebindings.rbac.authorization.k8s.io")
+_OBJECTS = builders.build_worker_identity("")
+#: (kind, name) of the identity's objects: the same in every namespace.
+IDENTITY_KEYS = tuple(children.key(o) for o in _OBJECTS)
+#: kopf's names of the identity's resources (watched by names.IDENTITY_LABEL).
+IDENTITY_RESOURCES = tuple(watch_resource(o["kind"], o["apiVersion"]) for o in _OBJECTS)
 
 
 class WorkerIdentity:
@@ -37,13 +37,13 @@ class WorkerIdentity:
         """Create the namespace's identity unless known to exist; returns each object's (kind, name) with the
         refusal of its create, or None (it exists). One pass creates it while the others wait, so a burst of jobs
         in a new namespace costs 3 creates, not 3 per job."""
-        objs = builders.build_worker_identity(namespace)
-        if namespace in self._ready:
-            return [(children.key(o), None) for o in objs]
+        if namespace in self._ready:  # every pass asks: nothing is built or sent then
+            return [(k, None) for k in IDENTITY_KEYS]
         lock = self._locks.setdefault(namespace, asyncio.Lock())
         async with lock:
             if namespace in self._ready:
-                return [(children.key(o), None) for o in objs]
+                return [(k, None) for k in IDENTITY_KEYS]
+            objs = builders.build_worker_identity(namespace)
             results = await asyncio.gather(*(kube.create(obj) for obj in objs))
             answers = [(children.key(o), r.refused) for o, r in zip(objs, results, strict=True)]
             if all(problem is None for _, problem in answers):

@@ -59,9 +59,10 @@ API_VERSIONS = {
 OPTIONAL_KINDS = frozenset({"PodGroup"})
 
 
-def watch_resource(kind: str) -> str:
-    """How kopf names the resource of a child kind: ``pods``, ``roles.rbac.authorization.k8s.io``."""
-    group = API_VERSIONS[kind].rpartition("/")[0]
+def watch_resource(kind: str, api_version: str | None = None) -> str:
+    """How kopf names the resource of a kind (a child kind's apiVersion by default): ``pods``,
+    ``networkpolicies.networking.k8s.io``."""
+    group = (api_version or API_VERSIONS[kind]).rpartition("/")[0]
     return f"{_PLURALS[kind]}.{group}" if group else _PLURALS[kind]
 
 

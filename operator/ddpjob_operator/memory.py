@@ -46,9 +46,9 @@ class JobMemory:
     """Consecutive passes with a refused create (for the retry backoff)."""
     errors: int = 0
     passes: int = 0
+    """Passes completed by this process (0: the first, which may find pods lost while the operator was down)."""
     routine_since: datetime | None = None
     """When a pass first held back a routine status change that is not written yet (status_writes)."""
-    """Passes completed by this process (0: the first, which may find pods lost while the operator was down)."""
 
     def observed_pods(self, cached: list[PodView], now: float) -> list[PodView]:
         """The cache's pods, plus pods we created that it has not delivered yet, minus pods we force-deleted and

@@ -44,8 +44,6 @@ def pvc_name(job: str) -> str:
     return f"{job}-checkpoints"
 
 
-
-
 def network_policy_name(job: str) -> str:
     """NetworkPolicy that lets only the job's own pods reach its rendezvous port."""
     return f"{job}-rdzv"
