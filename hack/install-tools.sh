@@ -24,6 +24,12 @@ for arg in "$@"; do
   esac
 done
 
+# One build at a time per cache: two runs (a test that asks for a missing tool while `make tools` builds) would
+# build into the same temporary files and one would fail on the other's rename.
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.install-tools.lock"
+flock 9
+
 start=$(date +%s)
 elapsed() { local s=$(( $(date +%s) - ${1:-$start} )); printf '%dm%02ds' $((s / 60)) $((s % 60)); }
 say() { printf '[install-tools %s] %s\n' "$(elapsed)" "$*"; }

@@ -12,19 +12,21 @@ from ddpjob_operator.policies import children, failure, incidents, queued, stall
 from ddpjob_operator.policies.children import ChildKey, Problem
 
 
-def aux_conditions(recent: Sequence[Mapping[str, Any]], stalled: stall.Stall | None, conflicts: Sequence[str],
+def aux_conditions(recent: Sequence[Mapping[str, Any]], verdict: stall.Verdict | None, conflicts: Sequence[str],
                    problems: Mapping[ChildKey, Problem], pods: Sequence[PodView], *, gang: bool) -> list[st.Aux]:
-    """The auxiliary conditions of this pass, from the recent incidents, the stall check, the conflicting children,
-    the API server's answers to the last creates and the job's pods."""
+    """The auxiliary conditions of this pass, from the recent incidents, the stall check (None: the job does not
+    run), the conflicting children, the API server's answers to the last creates and the job's pods."""
     out: list[st.Aux] = []
     last = incidents.recovering(recent)
-    if stalled is not None:
-        out.append(st.Aux(st.STALLED, True, stalled.reason, stalled.message))
+    if verdict is not None and verdict.stall is not None:
+        out.append(st.Aux(st.STALLED, True, verdict.stall.reason, verdict.stall.message))
     elif last is not None and last.get("cause") == failure.STALLED:
         out.append(st.Aux(st.STALLED, True, "RestartedAfterStall",
-                          f"incident #{last.get('id')}: workers restarted after a stall; waiting for progress"))
-    else:
-        out.append(st.Aux(st.STALLED, False, "Progressing", "training reports progress"))
+                          f"incident #{last.get('id')}: workers restarted after a stall; waiting for a step"))
+    elif verdict is None:
+        out.append(st.Aux(st.STALLED, False, "NotRunning", "the job runs no pods"))
+    else:  # shown from the start: which clock runs, and until when (or that the runtime cannot see the steps)
+        out.append(st.Aux(st.STALLED, False, verdict.reason, verdict.message, show=True))
     if conflicts:
         out.append(st.Aux(st.CHILD_CONFLICT, True, "ChildConflict", truncate("; ".join(conflicts))))
     else:

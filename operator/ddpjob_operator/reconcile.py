@@ -41,6 +41,10 @@ Obj = dict[str, Any]
 RETRY_SOON_SECONDS = 1.0
 #: How often a job with a conflicting child looks again (the foreign object may carry no label we watch).
 CONFLICT_RECHECK_SECONDS = 10.0
+#: Said in a stall restart's Events when the job keeps its checkpoints on the pods' emptyDirs, which go with them.
+_STARTS_OVER = ("; this job has no checkpoint claim, so its checkpoints live on the pods' emptyDir volumes and go "
+                "with them: training starts over from step 0 (set spec.checkpoint.volumeClaim or existingClaim to "
+                "resume after a restart)")
 
 __all__ = ["DeletePod", "Observed", "Plan", "Replacement", "plan"]
 
@@ -203,14 +207,17 @@ def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
     job, now, policy = ps.job, ps.now, ps.job.spec.run_policy
     kids = _children(result, ps)
     losses = [] if finishing else _losses(ps)
-    stalled, due = stall.check(ps.old, [p for p in ps.workers if p.active and (p.index or 0) < job.spec.pod_count],
-                               [p for p in ps.rdzv if not p.gone], job.spec.replicas,
-                               policy.progress_deadline_seconds, now)
-    result.requeue_at(due, now)
+    verdict = stall.check(ps.old, [p for p in ps.workers if p.active and (p.index or 0) < job.spec.pod_count],
+                          [p for p in ps.rdzv if not p.gone], job.spec.replicas,
+                          stall.Deadlines(policy.progress_deadline_seconds, policy.startup_deadline_seconds), now,
+                          visible=job.spec.steps_visible)
+    result.requeue_at(verdict.due, now)
+    stalled = verdict.stall
     if stalled is not None and stalled.actionable and not finishing:
         if policy.on_stall == "Fail":
             return _fail(result, ps, "ProgressDeadlineExceeded", stalled.message)
-        losses += [failure.Loss(p.name, p.uid, p.index, failure.STALLED, now, f"restarted: {stalled.message}")
+        detail = f"restarted: {stalled.message}{_STARTS_OVER if builders.claim_name(job) is None else ''}"
+        losses += [failure.Loss(p.name, p.uid, p.index, failure.STALLED, now, detail)
                    for p in ps.workers if p.active and p.uid not in ps.counted]
     persisted = list(ps.counted)  # pods are acted on only once their count is in the status (a later pass)
     decision = incidents.attribute(ps.recent, ps.count, ps.counted, losses, window=policy.incident_window_seconds,
@@ -241,7 +248,7 @@ def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
     if pod_plan.conflicts:  # a conflicting non-pod child already asked for this in _children
         result.requeue_at(now + timedelta(seconds=CONFLICT_RECHECK_SECONDS), now)
     _recovery(result, ps)
-    _aux(ps, stalled, conflicts)
+    _aux(ps, verdict, conflicts)
     return _with_status(result, ps.old, ps.status(_state(ps, decision)))
 
 
@@ -293,8 +300,8 @@ def _loss_event(loss: failure.Loss, incident_id: int, ps: _Pass) -> st.Event:
         f"{ps.count} of backoffLimit {ps.job.spec.run_policy.backoff_limit}"))
 
 
-def _aux(ps: _Pass, stalled: stall.Stall | None, conflicts: Sequence[str]) -> None:
-    ps.aux += aux_conditions(ps.recent, stalled, conflicts, ps.obs.problems, [*ps.workers, *ps.rdzv],
+def _aux(ps: _Pass, verdict: stall.Verdict | None, conflicts: Sequence[str]) -> None:
+    ps.aux += aux_conditions(ps.recent, verdict, conflicts, ps.obs.problems, [*ps.workers, *ps.rdzv],
                              gang=ps.job.spec.scheduling.gang is not None)
 def _recovery(result: Plan, ps: _Pass) -> None:
     """Close the recovering incident once enough workers run and training ran again since it began; record its

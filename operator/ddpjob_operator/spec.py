@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ddpjob_worker.contract import reserved_env
+from ddpjob_worker.contract import python_target, reserved_env, training_command
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -157,7 +157,10 @@ class RunPolicy(_Model):
         default=60, ge=0, description="Losses of distinct pods within this many seconds are one incident."
     )
     progress_deadline_seconds: int = Field(
-        default=900, ge=0, description="Stalled after this long without training progress (0: never)."
+        default=900, ge=0, description="Stalled after this long between two training steps (0: never Stalled)."
+    )
+    startup_deadline_seconds: int = Field(
+        default=1800, ge=0, description="Stalled when a (re)started group did no step for this long (0: never)."
     )
     on_stall: Literal["RestartGroup", "Fail"] = Field(
         default="RestartGroup", description="What a stall of running workers does: restart them, or fail."
@@ -238,6 +241,15 @@ class DDPJobSpec(_Model):
     def max_replicas(self) -> int:
         """Upper bound of the worker count (replicas when not elastic)."""
         return self.elastic.max_replicas if self.elastic else self.replicas
+
+    @property
+    def steps_visible(self) -> bool:
+        """Whether the worker runtime runs the training command in-process and so counts its steps (a Python
+        script or module under ddp-worker; not a binary, a shell script, or a container that replaces ddp-worker)."""
+        containers = (self.template.get("spec") or {}).get("containers") or []
+        worker = containers[worker_container_index(containers)]
+        command = training_command(worker.get("command"), worker.get("args"))
+        return command is not None and python_target(command) is not None
 
 
 def worker_container_index(containers: list[dict[str, Any]]) -> int:

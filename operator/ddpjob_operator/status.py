@@ -69,12 +69,14 @@ class Outcome:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Aux:
-    """An auxiliary condition this pass: True with its reason, or False (cleared, if it was ever set)."""
+    """An auxiliary condition this pass: True with its reason, or False (cleared, if it was ever set; written
+    even when it never was if ``show``: a False that users must know about)."""
 
     type: str
     status: bool
     reason: str
     message: str
+    show: bool = False
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -177,8 +179,8 @@ def _conditions(
     if state != SUSPENDED:
         clear(SUSPENDED, "Resumed", "the job was resumed")
     for cond in aux:
-        if cond.status:
-            put(cond.type, True, cond.reason, cond.message)
+        if cond.status or cond.show:
+            put(cond.type, cond.status, cond.reason, cond.message)
         else:
             clear(cond.type, cond.reason, cond.message)
     return conds

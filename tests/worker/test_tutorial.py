@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from tests.worker.helpers import TINY, LocalJob, wait_exit
+from tests.worker.helpers import TINY, LocalJob, read_json, wait_exit
 
 pytestmark = pytest.mark.torchrun
 SCRIPT = str(Path(tutorial.__file__))
@@ -27,6 +27,22 @@ def test_tutorial_script_runs_unmodified_under_ddp_worker(job: LocalJob) -> None
     assert snapshot["EPOCHS_RUN"] == 2
     logs = job.logs()
     assert "[GPU0] Epoch 2" in logs and "[GPU1] Epoch 2" in logs  # both ranks trained every epoch
+    # Its progress without a line of ddpjob in it: rank 0's optimizer steps, counted by the recorded runner
+    # (2048 samples / 2 ranks / batch 64 = 16 steps per epoch, 3 epochs), the last sent when the script returned.
+    progress = read_json(job.progress)
+    assert progress["source"] == "OptimizerSteps" and progress["globalStep"] == 48, progress
+    assert "epoch" not in progress and progress["start"]["firstStepTime"] <= progress["lastStepTime"], progress
+
+
+@pytest.mark.timeout(180)
+def test_a_script_with_its_own_reporter_keeps_its_report(job: LocalJob) -> None:
+    """charlm reports through ProgressReporter: its global step and epoch, never the runtime's count on top."""
+    args = ["python", "-m", "ddpjob_worker.examples.charlm", *TINY, "--epochs", "1", "--steps-per-epoch", "6"]
+    agents = [job.agent(i, args) for i in range(2)]
+    for a in agents:
+        assert wait_exit(a, 150, job) == 0, job.logs()[-4000:]
+    progress = read_json(job.progress)
+    assert progress["source"] == "Reporter" and progress["globalStep"] == 6 and progress["epoch"] == 1, progress
 
 
 def manifest(tmp_path: Path, args: list[str], replicas: int = 2, **spec: object) -> Path:

@@ -9,8 +9,9 @@ them and to add what torchrun does not know (checkpoint directory, job identity,
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 # --- torchrun's own variables (torch.distributed.run reads PET_* as defaults for its options) ---
 
@@ -126,6 +127,45 @@ def reserved_env(name: str) -> bool:
     if name in USER_SETTABLE_ENV:
         return False
     return name in TORCHRUN_ENV or name.startswith(RESERVED_ENV_PREFIXES)
+
+
+#: Interpreter flags the recorded runner may drop from ``python FLAGS script``: ``-u`` is what ddp-worker's
+#: PYTHONUNBUFFERED=1 does anyway. Any other flag changes how Python runs, so such a command runs as it is.
+DROPPABLE_PYTHON_FLAGS = frozenset({"-u"})
+#: The image's entrypoint, which runs the training command under torchrun and the recorded runner.
+WORKER_ENTRYPOINT = "ddp-worker"
+
+
+def python_target(command: Sequence[str]) -> tuple[bool, list[str]] | None:
+    """``(as_module, [target, *args])`` when ``command`` runs Python code that the recorded runner can run in the
+    trainer process itself (``python x.py ...``, ``python -u x.py``, ``python -m pkg ...``, ``x.py ...``); None for
+    anything else (a binary, a shell script, ``python -c``), which torchrun runs with ``--no-python``. ddp-worker
+    builds the trainer's command with it and the operator asks it whether the runtime can see a job's steps."""
+    if not command:
+        return None
+    if os.path.basename(command[0]).startswith("python"):
+        rest = list(command[1:])
+        while rest and rest[0] in DROPPABLE_PYTHON_FLAGS:
+            rest = rest[1:]
+        if len(rest) >= 2 and rest[0] == "-m":
+            return True, rest[1:]
+        if rest and not rest[0].startswith("-"):
+            return False, rest
+        return None
+    return (False, list(command)) if command[0].endswith(".py") else None
+
+
+def training_command(command: Sequence[str] | None, args: Sequence[str] | None) -> list[str] | None:
+    """The command ddp-worker runs for a container with this ``command`` and ``args``: its args under the image's
+    entrypoint (no ``command``, or ``command: [ddp-worker, ...]``); None when the container replaces ddp-worker with
+    a program of its own, which then runs without the worker runtime."""
+    command, args = [str(c) for c in command or []], [str(a) for a in args or []]
+    if command and os.path.basename(command[0]) != WORKER_ENTRYPOINT:
+        return None
+    rest = [*command[1:], *args]
+    if rest and rest[0] == "--":
+        rest = rest[1:]
+    return rest
 
 
 _NNODES_RE = re.compile(r"^(\d+)(?::(\d+))?$")

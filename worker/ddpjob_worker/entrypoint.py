@@ -60,22 +60,18 @@ def parse_args(argv: Sequence[str]) -> tuple[bool, list[str]]:
 def torchrun_argv(command: Sequence[str], env: contract.WorkerEnv) -> list[str]:
     """The launcher command line. torchrun reads every PET_* option from the environment, so only the script
     part is built here. Python scripts and ``python -m`` modules run under ``ddpjob_worker.recorded`` (their
-    failures then leave a torchelastic error file, the root cause the agent reports); other programs use
-    ``--no-python``."""
+    failures then leave a torchelastic error file, the root cause the agent reports, and their steps are counted:
+    ddpjob_worker.autoprogress); other programs use ``--no-python`` (contract.python_target decides)."""
     if not command:
         raise contract.ContractError(
             "no training command: give the container args, e.g. args: [python, train.py] (or ddp-worker -- CMD)"
         )
     launcher = [sys.executable, "-m", "ddpjob_worker.launch"]
-    recorded = [*launcher, "--module", contract.RECORDED_MODULE]
-    first = os.path.basename(command[0])
-    if first.startswith("python") and len(command) >= 3 and command[1] == "-m":
-        return [*recorded, "--module", command[2], *command[3:]]
-    if first.startswith("python") and len(command) >= 2 and not command[1].startswith("-"):
-        return [*recorded, *command[1:]]
-    if command[0].endswith(".py"):
-        return [*recorded, *command]
-    return [*launcher, "--no-python", *command]
+    target = contract.python_target(command)
+    if target is None:
+        return [*launcher, "--no-python", *command]
+    as_module, rest = target
+    return [*launcher, "--module", contract.RECORDED_MODULE, *(["--module"] if as_module else []), *rest]
 
 
 def wait_for_dns(host: str, timeout: float, resolve: Callable[[str], object] = socket.gethostbyname) -> bool:

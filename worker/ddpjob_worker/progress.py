@@ -1,10 +1,13 @@
 """Rank 0's progress reporter: epoch, step, loss and the last checkpoint into the DDPJob's ``status.progress``
-(so ``kubectl get ddpjobs`` shows them) and, under ``ddpjob run``, into a local JSON file."""
+(so ``kubectl get ddpjobs`` shows them) and, under ``ddpjob run``, into a local JSON file. A script that does not
+use it still reports its steps: the recorded runner counts them (ddpjob_worker.autoprogress) and sends them
+through the same path, until the script's own first report."""
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,6 +19,20 @@ from ddpjob_worker.logs import get_logger
 log = get_logger("progress")
 
 GROUP, VERSION, PLURAL = "ddpjob.io", "v1alpha1", "ddpjobs"
+#: ``status.progress.source``: the script's own ProgressReporter, or the optimizer steps the runtime counted.
+SOURCE_REPORTER = "Reporter"
+SOURCE_OPTIMIZER = "OptimizerSteps"
+#: Seconds one status patch may take: a hung API server must not hold a report (or the exit that flushes it).
+REQUEST_TIMEOUT_SECONDS = 10
+
+# Set by the script's first ProgressReporter.report() in this process: its richer report then owns
+# status.progress, and the runtime's step counter stops sending, so no step is ever reported twice.
+_script_reports = threading.Event()
+
+
+def script_reports() -> bool:
+    """Whether the script in this process reports its own progress (it called ProgressReporter.report)."""
+    return _script_reports.is_set()
 
 
 def rfc3339(ts: float | None = None) -> str:
@@ -46,6 +63,7 @@ class ProgressReporter:
         self._last_sent = float("-inf")  # the first report goes out at once
         self._warned = False
         self._last: dict[str, Any] = {}
+        self._rate_base: tuple[int, float] | None = None  # (steps, time) of the previous send, for stepRate
         # The recovery clock of this process group (status.progress.start): when the agent's rendezvous
         # completed (set by ddpjob_worker.agent), when the checkpoint was loaded, when the first step was done.
         self.start: dict[str, Any] = {"restartCount": self.restart_count}
@@ -69,16 +87,40 @@ class ProgressReporter:
                checkpoint_step: int | None = None, checkpoint_time: float | None = None,
                force: bool = False) -> None:
         """Record progress; sent at most once per interval unless ``force`` (e.g. right after a checkpoint)."""
+        _script_reports.set()
         if not self.enabled:
             return
-        if "firstStepTime" not in self.start:
-            self.start["firstStepTime"] = rfc3339_ms(time.time())  # the first report follows the first step
         progress: dict[str, Any] = {"epoch": epoch, "step": step, "globalStep": global_step,
-                                    "updateTime": rfc3339(), "start": dict(self.start)}
+                                    "source": SOURCE_REPORTER}
         if loss is not None:
             progress["loss"] = round(float(loss), 6)
         if checkpoint_step is not None:
             progress["lastCheckpoint"] = {"step": checkpoint_step, "time": rfc3339(checkpoint_time)}
+        self._record(progress, time.time(), force)
+
+    def report_steps(self, steps: int, last_step: float, first_step: float) -> None:
+        """The runtime's report for a script that reports nothing itself (ddpjob_worker.autoprogress): ``steps``
+        optimizer steps since this trainer started, the last at ``last_step``, the first at ``first_step``. Sent
+        at once: the caller keeps the interval."""
+        if self.enabled:
+            self.start.setdefault("firstStepTime", rfc3339_ms(first_step))
+            self._record({"globalStep": steps, "source": SOURCE_OPTIMIZER}, last_step, True)
+
+    def announce_start(self) -> None:
+        """Tell the operator that a new process group started (its rendezvous time): the stall check gives it the
+        start-up allowance, and the recovery clock waits for its first step (the operator ignores first-step and
+        checkpoint times older than the rendezvous: the previous group's). Only this group's values are written,
+        so an announcement that arrives after the script's own first report takes nothing from it."""
+        if self.enabled and self._cluster and "rendezvousTime" in self.start:
+            self._patch({"start": {"restartCount": self.restart_count, "rendezvousTime": self.start["rendezvousTime"]}})
+
+    def _record(self, progress: dict[str, Any], step_time: float, force: bool) -> None:
+        if "firstStepTime" not in self.start:
+            self.start["firstStepTime"] = rfc3339_ms(step_time)  # the first report follows the first step
+        progress.update(updateTime=rfc3339(), lastStepTime=rfc3339_ms(step_time), start=dict(self.start))
+        rate = self._last.get("stepRate")
+        if rate is not None:
+            progress["stepRate"] = rate
         self._last = progress
         if self.file is not None:  # a local file is cheap: always current, for `ddpjob run`'s view and tests
             self._write_file({**progress, "restartCount": self.restart_count, "pid": os.getpid()})
@@ -86,22 +128,38 @@ class ProgressReporter:
         if not force and now - self._last_sent < self.interval:
             return
         self._last_sent = now
+        self._update_rate(int(progress["globalStep"]), step_time)
         self.flush()
+
+    def _update_rate(self, steps: int, at: float) -> None:
+        """stepRate: steps per second between the previous send and this one (none at the first send)."""
+        base, self._rate_base = self._rate_base, (steps, at)
+        if base is not None and at > base[1] and steps >= base[0]:
+            self._last["stepRate"] = round((steps - base[0]) / (at - base[1]), 3)
 
     def flush(self) -> None:
         """Send the latest progress now."""
         if not self.enabled or not self._last:
             return
         if self._cluster:
-            try:
-                self._client().patch_namespaced_custom_object_status(
-                    GROUP, VERSION, self.namespace, PLURAL, self.name, {"status": {"progress": self._last}},
-                    _content_type="application/merge-patch+json",  # the client's default is a JSON *patch*
-                )
-            except Exception as err:  # any failure: say so once, never stop training for it
-                self._warn_once(f"cannot patch ddpjobs/{self.name} status in {self.namespace}: {err}")
+            self._patch(self._last)
         elif not self._warned and self.file is None:
             self._warn_once(f"progress reporting is off ({contract.DDPJOB_REPORT_PROGRESS} != 1 or not in a DDPJob)")
+
+    def _patch(self, progress: Mapping[str, Any]) -> None:
+        try:
+            self._client().patch_namespaced_custom_object_status(
+                GROUP, VERSION, self.namespace, PLURAL, self.name, {"status": {"progress": progress}},
+                _content_type="application/merge-patch+json",  # the client's default is a JSON *patch*
+                _request_timeout=REQUEST_TIMEOUT_SECONDS,
+            )
+        except Exception as err:  # any failure: say so once, never stop training for it
+            self._warn_once(f"cannot patch ddpjobs/{self.name} status in {self.namespace}: {err}")
+
+    @property
+    def active(self) -> bool:
+        """Whether reports go anywhere (the cluster or a local file)."""
+        return self.enabled and (self._cluster or self.file is not None)
 
     def _write_file(self, data: dict[str, Any]) -> None:
         assert self.file is not None

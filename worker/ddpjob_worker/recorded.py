@@ -1,5 +1,6 @@
 """Runs any training script or module as ``__main__`` under torchelastic's ``@record``, so its failures leave an
-error file (the root cause the agent reports) without the script decorating anything itself:
+error file (the root cause the agent reports), and on rank 0 counts its optimizer steps as progress
+(ddpjob_worker.autoprogress), without the script decorating or calling anything itself:
 ``python -m ddpjob_worker.recorded (--module MOD | SCRIPT) ARGS...``; ddp-worker puts it under torchrun."""
 
 from __future__ import annotations
@@ -74,8 +75,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(_USAGE, file=sys.stderr)
         raise SystemExit(2)
     await_rank0_store()
+    from ddpjob_worker import autoprogress
+
+    counting = autoprogress.install()
     # record turns SystemExit(0) into a normal return and re-raises every other exit, so codes are kept.
     record(_run)(args[0], as_module, args[1:])
+    if counting is not None:
+        counting.close()
 
 
 def leave(code: int) -> NoReturn:

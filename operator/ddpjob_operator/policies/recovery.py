@@ -22,9 +22,18 @@ PHASES = ("replacementCreated", "scheduled", "containerStarted", "rendezvous", "
 TOTAL = "firstStep"
 
 
-def _start_record(progress: Mapping[str, Any]) -> Mapping[str, Any]:
+def group_times(progress: Mapping[str, Any]) -> tuple[datetime | None, datetime | None, datetime | None]:
+    """(rendezvous, checkpoint loaded, first step) of rank 0's current process group (``progress.start``). Rank 0
+    announces a new group's rendezvous before its first step, merged into the previous group's record: a
+    checkpoint or first-step time older than the rendezvous is the previous group's, so None."""
     start = progress.get("start")
-    return start if isinstance(start, Mapping) else {}
+    start = start if isinstance(start, Mapping) else {}
+    rdzv = parse_time(start.get("rendezvousTime"))
+    loaded, first = parse_time(start.get("checkpointLoadedTime")), parse_time(start.get("firstStepTime"))
+    if rdzv is not None:
+        loaded = loaded if loaded is not None and loaded >= rdzv else None
+        first = first if first is not None and first >= rdzv else None
+    return rdzv, loaded, first
 
 
 def _seconds(at: datetime | None, began: datetime) -> float | None:
@@ -36,16 +45,15 @@ def phases(began: datetime, workers: Sequence[PodView], progress: Mapping[str, A
     out: dict[str, float | None] = {}
     new = [p for p in workers if p.created_at is not None and p.created_at >= began]
     if new:
-        first = min(new, key=lambda p: (p.created_at, p.name))
-        out["replacementCreated"] = _seconds(first.created_at, began)
-        out["scheduled"] = _seconds(first.scheduled_at, began)
-        out["containerStarted"] = _seconds(first.started_at, began)
-    start = _start_record(progress)
-    rdzv = parse_time(start.get("rendezvousTime"))
+        pod = min(new, key=lambda p: (p.created_at, p.name))
+        out["replacementCreated"] = _seconds(pod.created_at, began)
+        out["scheduled"] = _seconds(pod.scheduled_at, began)
+        out["containerStarted"] = _seconds(pod.started_at, began)
+    rdzv, loaded, first = group_times(progress)
     if rdzv is not None and rdzv >= began:
         out["rendezvous"] = _seconds(rdzv, began)
-        out["checkpointLoaded"] = _seconds(parse_time(start.get("checkpointLoadedTime")), began)
-        out["firstStep"] = _seconds(parse_time(start.get("firstStepTime")), began)
+        out["checkpointLoaded"] = _seconds(loaded, began)
+        out["firstStep"] = _seconds(first, began)
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -54,11 +62,11 @@ def recovered_at(began: datetime | None, running: Sequence[PodView], progress: M
     """When training ran again after an incident that began at ``began``, or None while it has not.
 
     A worker that reports its clock (``progress.start``) proves it: a group formed after the start and did a
-    step. Otherwise (a script without the progress reporter) the newest worker must have started after the
-    start, and progress, if any is reported, must be newer than that worker."""
-    start = _start_record(progress)
-    rdzv, first = parse_time(start.get("rendezvousTime")), parse_time(start.get("firstStepTime"))
-    if rdzv is not None and first is not None and began is not None:
+    step (rank 0 announces a new group before its first step: until that step it is not over). Otherwise (a
+    command the worker runtime does not run) the newest worker must have started after the start, and progress,
+    if any is reported, must be newer than that worker."""
+    rdzv, _, first = group_times(progress)
+    if rdzv is not None and began is not None:
         return first if rdzv >= began else None
     newest = max((p.started_at for p in running if p.started_at is not None), default=None)
     if began is not None and (newest is None or newest < began):

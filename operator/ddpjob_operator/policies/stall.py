@@ -1,14 +1,18 @@
-"""Stall detection: a job whose training reports no progress for ``runPolicy.progressDeadlineSeconds``.
+"""Stall detection: a job whose training does no step within its deadlines.
 
-The clock starts at the latest sign of life: rank 0's last progress report (``status.progress.updateTime``), the
-start of the newest incident (a recovery gets the whole deadline), the job's (re)start, or the newest worker
-container start. Past the deadline the job is Stalled and the message says what it waits for, from what the
-operator can see: pods that do not run (and why: the scheduler's or the kubelet's reason), workers that run but
-never reported a step since they started (stuck in rendezvous or start-up: DNS, a peer that never joins), or
-workers that reported steps and then fell silent (a hung rank; every other rank then waits in a collective).
+Two clocks, both from the current process group's start: the latest of the job's (re)start, the newest incident's
+start, the newest worker container start and the rendezvous time rank 0 announces when a new group starts (an
+in-place restart after kill -9 starts a group without a new pod). Until the group's first step the start-up
+allowance applies (``startupDeadlineSeconds``: imports, rendezvous, data and model loading); from its first step
+on, ``progressDeadlineSeconds`` between two steps. A step is what rank 0 reports: the script's own
+ProgressReporter, or the optimizer steps the worker runtime counts in any Python script (``status.progress``,
+``lastStepTime``). The runtime cannot count the steps of a command it does not run in-process (a binary, a shell
+script): such a job's running workers are judged only once it reports a step some other way.
 
-``onStall`` acts only when every pod runs: restarting pods that wait for a node or an image would only start the
-wait again, so pending pods are reported, never restarted.
+Past a deadline the job is Stalled and the message says what the operator knows: pods that do not run (and why:
+the scheduler's or the kubelet's reason), workers that run but did no step since the group started (stuck in
+start-up), or training that stopped after step N. ``onStall`` acts only when every pod runs: restarting pods that
+wait for a node or an image would only start the wait again, so pending pods are reported, never restarted.
 """
 
 from __future__ import annotations
@@ -23,6 +27,11 @@ from ddpjob_operator.observed import PodView, format_time, parse_time
 PODS_PENDING = "PodsPending"
 NO_PROGRESS_SINCE_START = "NoProgressSinceStart"
 PROGRESS_STOPPED = "ProgressStopped"
+#: Reasons of a Stalled condition that is False: what the operator is waiting for.
+PROGRESSING = "Progressing"
+STARTING_UP = "StartingUp"
+STEPS_NOT_VISIBLE = "StepsNotVisible"
+DETECTION_OFF = "StallDetectionOff"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -34,19 +43,59 @@ class Stall:
     actionable: bool
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Deadlines:
+    """The run policy's two deadlines, in seconds (0: that phase is never judged)."""
+
+    progress: int
+    """Between two steps (``progressDeadlineSeconds``; 0 turns all stall detection off)."""
+    startup: int
+    """From the group's start to its first step (``startupDeadlineSeconds``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """The stall check's answer: the stall (or None), when to look again, and while not stalled the Stalled
+    condition's reason and message."""
+
+    stall: Stall | None
+    due: datetime | None
+    reason: str = PROGRESSING
+    message: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Clock:
+    """Where the current process group stands."""
+
+    group_start: datetime | None
+    """The latest of the job's start, the newest incident, the newest worker start and rank 0's rendezvous."""
+    last_step: datetime | None
+    """The last step reported since ``group_start``; None while the group did none."""
+    step: Any = None
+    """``globalStep`` of that report."""
+    source: str | None = None
+    """Who counted it (``status.progress.source``)."""
+
+
 def _latest(*times: datetime | None) -> datetime | None:
     present = [t for t in times if t is not None]
     return max(present) if present else None
 
 
-def clock_start(status: Mapping[str, Any], workers: Sequence[PodView]) -> datetime | None:
-    """The latest sign of life the deadline counts from."""
+def read_clock(status: Mapping[str, Any], workers: Sequence[PodView]) -> Clock:
+    """The group's start and its last step, from the status and the worker pods."""
     progress = status.get("progress") or {}
+    start = progress.get("start")
+    start = start if isinstance(start, Mapping) else {}
     incidents = status.get("incidents") or []
-    last_incident = parse_time(incidents[-1].get("startTime")) if incidents else None
-    started = [p.started_at for p in workers if p.started_at is not None]
-    return _latest(parse_time(progress.get("updateTime")), last_incident, parse_time(status.get("startTime")),
-                   max(started) if started else None)
+    group = _latest(parse_time(status.get("startTime")),
+                    parse_time(incidents[-1].get("startTime")) if incidents else None,
+                    *(p.started_at for p in workers), parse_time(start.get("rendezvousTime")))
+    last = parse_time(progress.get("lastStepTime")) or parse_time(progress.get("updateTime"))
+    if last is not None and group is not None and last < group:
+        last = None  # a step of an earlier group
+    return Clock(group, last, progress.get("globalStep"), progress.get("source"))
 
 
 def _pending_text(pods: Sequence[PodView]) -> str:
@@ -55,41 +104,79 @@ def _pending_text(pods: Sequence[PodView]) -> str:
     return ", ".join(shown) + more
 
 
-def check(
-    status: Mapping[str, Any],
-    workers: Sequence[PodView],
-    rendezvous: Sequence[PodView],
-    replicas: int,
-    deadline_seconds: int,
-    now: datetime,
-) -> tuple[Stall | None, datetime | None]:
-    """(the stall, or None) and when to look again. ``workers`` are the job's live worker pods."""
-    if deadline_seconds <= 0:
-        return None, None
-    start = clock_start(status, workers)
-    if start is None:
-        return None, None
-    due = start + timedelta(seconds=deadline_seconds)
-    if now < due:
-        return None, due
-    silent = f"no progress for {int((now - start).total_seconds())}s (progressDeadlineSeconds {deadline_seconds})"
+def _pending(workers: Sequence[PodView], rendezvous: Sequence[PodView], replicas: int) -> str:
+    """What does not run yet, in words ("" when every pod runs)."""
+    parts = []
     not_running = [p for p in [*rendezvous, *workers] if not p.running]
-    if not_running or len(workers) < replicas or not rendezvous:
-        missing = replicas - len(workers)
-        what = _pending_text(not_running) if not_running else ""
-        if missing > 0:
-            what = (what + "; " if what else "") + f"{missing} worker pod(s) not created yet"
-        if not rendezvous:
-            what = (what + "; " if what else "") + "the rendezvous pod is not created yet"
-        return Stall(PODS_PENDING, f"{silent}: waiting for pods to run: {what}", False), None
-    progress = status.get("progress") or {}
-    reported = parse_time(progress.get("updateTime"))
-    group_start = _latest(*(p.started_at for p in workers))
-    if reported is None or (group_start is not None and reported < group_start):
-        since = format_time(group_start) if group_start else "their start"
-        msg = (f"{silent}: all {len(workers)} workers run but none reported a training step since {since}: "
-               "stuck before training (rendezvous, DNS of the rendezvous host, or start-up); see the workers' logs")
-        return Stall(NO_PROGRESS_SINCE_START, msg, True), None
-    msg = (f"{silent}: training reported global step {progress.get('globalStep')} at {progress.get('updateTime')} "
-           "and nothing since: a silent rank (a hung process holds every other rank in a collective)")
-    return Stall(PROGRESS_STOPPED, msg, True), None
+    if not_running:
+        parts.append(_pending_text(not_running))
+    if len(workers) < replicas:
+        parts.append(f"{replicas - len(workers)} worker pod(s) not created yet")
+    if not rendezvous:
+        parts.append("the rendezvous pod is not created yet")
+    return "; ".join(parts)
+
+
+def _source_words(source: str | None) -> str:
+    if source == "OptimizerSteps":
+        return "optimizer steps counted by the worker runtime"
+    return "reported by the script" if source == "Reporter" else "reported by rank 0"
+
+
+def _stepping(clock: Clock, limit: int, waiting: str, now: datetime) -> Verdict:
+    """The group did a step: ``limit`` seconds until the next."""
+    assert clock.last_step is not None
+    due = clock.last_step + timedelta(seconds=limit)
+    if now < due:
+        return Verdict(None, due, PROGRESSING, f"training reports steps ({_source_words(clock.source)}); Stalled "
+                                               f"after progressDeadlineSeconds ({limit}s) without one")
+    silent = (f"no step for {int((now - clock.last_step).total_seconds())}s (progressDeadlineSeconds {limit}) "
+              f"since step {clock.step} at {format_time(clock.last_step)}")
+    if waiting:
+        return Verdict(Stall(PODS_PENDING, f"{silent}: waiting for pods to run: {waiting}", False), None)
+    msg = (f"training stopped after step {clock.step} ({_source_words(clock.source)}) at "
+           f"{format_time(clock.last_step)}: no step for {int((now - clock.last_step).total_seconds())}s "
+           f"(progressDeadlineSeconds {limit}): a silent rank (a hung process holds every other rank in a "
+           "collective); see the workers' logs")
+    return Verdict(Stall(PROGRESS_STOPPED, msg, True), None)
+
+
+def _starting(clock: Clock, limit: int, waiting: str, visible: bool, now: datetime) -> Verdict:
+    """The group did no step yet: the start-up allowance."""
+    assert clock.group_start is not None
+    since = format_time(clock.group_start)
+    if not visible and not waiting:
+        return Verdict(None, None, STEPS_NOT_VISIBLE, (
+            "the worker command is not a Python script that the worker runtime runs, so it cannot count its "
+            "steps: running workers are judged only after the script reports one (ProgressReporter); run the "
+            "script with python, or see docs/api.md, \"Stall detection\""))
+    if limit <= 0:
+        return Verdict(None, None, STARTING_UP, f"no step reported since the group started at {since}; "
+                                                "startupDeadlineSeconds is 0: start-up is never judged")
+    due = clock.group_start + timedelta(seconds=limit)
+    if now < due:
+        return Verdict(None, due, STARTING_UP, f"no step reported since the group started at {since}; allowed until "
+                                               f"{format_time(due)} (startupDeadlineSeconds {limit})")
+    silent = (f"no step since the group started at {since}: {int((now - clock.group_start).total_seconds())}s, "
+              f"past the start-up allowance (startupDeadlineSeconds {limit})")
+    if waiting:
+        return Verdict(Stall(PODS_PENDING, f"{silent}: waiting for pods to run: {waiting}", False), None)
+    msg = (f"{silent}: every worker runs, stuck in start-up (rendezvous, DNS of the rendezvous host, loading data "
+           "or a model; a script that steps no torch.optim optimizer must report with ProgressReporter); see the "
+           "workers' logs")
+    return Verdict(Stall(NO_PROGRESS_SINCE_START, msg, True), None)
+
+
+def check(status: Mapping[str, Any], workers: Sequence[PodView], rendezvous: Sequence[PodView], replicas: int,
+          deadlines: Deadlines, now: datetime, *, visible: bool = True) -> Verdict:
+    """The stall check of one pass. ``workers`` are the job's live worker pods; ``visible``: the worker runtime
+    can count the command's steps (contract.python_target)."""
+    if deadlines.progress <= 0:
+        return Verdict(None, None, DETECTION_OFF, "runPolicy.progressDeadlineSeconds is 0: stall detection is off")
+    clock = read_clock(status, workers)
+    if clock.group_start is None:
+        return Verdict(None, None, STARTING_UP, "the job has not started")
+    waiting = _pending(workers, rendezvous, replicas)
+    if clock.last_step is not None:
+        return _stepping(clock, deadlines.progress, waiting, now)
+    return _starting(clock, deadlines.startup, waiting, visible, now)

@@ -55,7 +55,8 @@ def test_subresources_columns_and_names() -> None:
         "labelSelectorPath": ".status.selector",
     }
     columns = [c["name"] for c in v["additionalPrinterColumns"]]
-    assert columns == ["State", "Ready", "Incidents", "Recovery", "Restarts", "Epoch", "Step", "Checkpoint", "Age"]
+    assert columns == ["State", "Ready", "Incidents", "Recovery", "Restarts", "Epoch", "Step", "Steps/s", "Checkpoint",
+                       "Age"]
     names = yaml.safe_load(CRD.read_text())["spec"]["names"]
     assert names["shortNames"] == ["ddpj"] and names["categories"] == ["ddp"]
 

@@ -53,6 +53,8 @@ OLD = PodView.from_pod(pod_obj(make_job().obj(), 0, created=at(-100), started=at
     ([OLD], start(2.5, 5.25, 6.125), {"rendezvous": 2.5, "checkpointLoaded": 5.25, "firstStep": 6.125}),
     ([OLD], start(2.5, None, 6.0), {"rendezvous": 2.5, "firstStep": 6.0}),  # the script never called resumed()
     ([OLD], start(-3, -1, 0), {}),  # the group the incident hit: nothing of it is a phase
+    # A new group announced (its rendezvous) over the previous group's record: its times are not this group's.
+    ([OLD], start(2.5, 1, 2), {"rendezvous": 2.5}),
     ([OLD, replacement(1, 1, 3)], start(0.4, 2, 2.5),  # a spare: the group re-formed before the pod started
      {"replacementCreated": 1, "scheduled": 1, "containerStarted": 3, "rendezvous": 0.4, "checkpointLoaded": 2,
       "firstStep": 2.5}),
@@ -226,3 +228,11 @@ def test_a_lost_store_the_group_trains_through_is_one_incident_closed_when_the_n
     assert "phases" not in inc  # the fake cluster stamps every creation at T0, before the incident
     assert c.status["lastRecoverySeconds"] == 5.0
     assert c.status["incidentCount"] == 1 and not p.delete_pods
+
+
+def test_an_announced_group_that_did_no_step_yet_has_not_recovered() -> None:
+    """Rank 0 announces a new group's rendezvous before its first step; the first step of the group before it,
+    still in the merged record, proves nothing."""
+    announced = start(5, 1, 2)  # rendezvous at 5, the previous group's checkpoint and first step at 1 and 2
+    assert recovery.recovered_at(at(3), [OLD], announced, at(10)) is None
+    assert recovery.recovered_at(at(3), [OLD], start(5, 6, 7), at(10)) == at(7)

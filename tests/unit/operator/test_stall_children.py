@@ -1,74 +1,19 @@
-"""Table tests of stall detection (policies/stall.py), the children policy (policies/children.py) and the
-template refusals of the spec model."""
+"""Table tests of the children policy (policies/children.py) and the template refusals of the spec model (stall
+detection: test_stall.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from ddpjob_operator.observed import ChildView, PodView, format_time
-from ddpjob_operator.policies import children, stall
+from ddpjob_operator.observed import ChildView
+from ddpjob_operator.policies import children
 from ddpjob_operator.policies.children import Problem
 from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
 
-from .factories import at, make_job
+from .factories import make_job
 
 pytestmark = pytest.mark.unit
-
-
-def worker(i: int, **kw: Any) -> PodView:
-    base: dict[str, Any] = {"name": f"j-worker-{i}", "uid": f"w{i}", "replica_type": "worker", "index": i,
-                            "phase": "Running", "started_at": at(0)}
-    return PodView(**{**base, **kw})
-
-
-RDZV = PodView(name="j-rdzv", uid="r", replica_type="rendezvous", phase="Running")
-
-
-def status(progress_at: float | None = None, **extra: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"startTime": format_time(at(0)), **extra}
-    if progress_at is not None:
-        out["progress"] = {"globalStep": 42, "updateTime": format_time(at(progress_at))}
-    return out
-
-
-@pytest.mark.parametrize(
-    ("name", "st", "workers", "rdzv", "now", "reason", "actionable"),
-    [
-        ("progress within the deadline", status(50), [worker(0), worker(1)], [RDZV], 100, None, None),
-        ("a silent rank after steps", status(10), [worker(0), worker(1)], [RDZV], 100, "ProgressStopped", True),
-        ("never a step since the group started", status(None), [worker(0), worker(1)], [RDZV], 100,
-         "NoProgressSinceStart", True),
-        ("a replaced worker never joined: no step since it started",
-         status(5), [worker(0), worker(1, started_at=at(8))], [RDZV], 100, "NoProgressSinceStart", True),
-        ("pending pods are reported, never restarted",
-         status(None), [worker(0), worker(1, phase="Pending", started_at=None, waiting="Unschedulable: 0/3 nodes")],
-         [RDZV], 100, "PodsPending", False),
-        ("a recent incident restarts the clock",
-         status(10, incidents=[{"startTime": format_time(at(60))}]), [worker(0), worker(1)], [RDZV], 100, None,
-         None),
-    ],
-)
-def test_stall_detection(name: str, st: dict[str, Any], workers: list[PodView], rdzv: list[PodView], now: float,
-                         reason: str | None, actionable: bool | None) -> None:
-    found, _ = stall.check(st, workers, rdzv, 2, 60, at(now))
-    assert (found.reason if found else None) == reason, name
-    if found is not None:
-        assert found.actionable is actionable
-        assert "progressDeadlineSeconds 60" in found.message
-
-
-def test_pending_stall_names_the_pod_and_the_schedulers_reason() -> None:
-    found, _ = stall.check(status(None), [worker(0), worker(1, phase="Pending", started_at=None,
-                                                            waiting="Unschedulable: 0/3 nodes are available")],
-                           [RDZV], 2, 60, at(100))
-    assert found is not None and "j-worker-1 (Unschedulable: 0/3 nodes are available)" in found.message
-
-
-def test_stall_check_asks_to_look_again_at_the_deadline() -> None:
-    found, due = stall.check(status(30), [worker(0)], [RDZV], 1, 60, at(40))
-    assert found is None and due == at(90)
-    assert stall.check(status(30), [worker(0)], [RDZV], 1, 0, at(4000)) == (None, None)
 
 
 JOB = parse_ddpjob(make_job().obj())

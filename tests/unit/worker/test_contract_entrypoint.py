@@ -47,8 +47,13 @@ def test_torchrun_argv_maps_the_container_args() -> None:
     assert entrypoint.torchrun_argv(["python3", "train.py", "1"], env) == [*recorded, "train.py", "1"]
     assert entrypoint.torchrun_argv(["train.py"], env) == [*recorded, "train.py"]
     assert entrypoint.torchrun_argv(["./bin/train"], env) == [*launcher, "--no-python", "./bin/train"]
-    assert entrypoint.torchrun_argv(["python", "-u", "t.py"], env) == [*launcher, "--no-python", "python", "-u",
+    # -u is what PYTHONUNBUFFERED=1 already does; any other interpreter flag keeps the command as it is.
+    assert entrypoint.torchrun_argv(["python", "-u", "t.py"], env) == [*recorded, "t.py"]
+    assert entrypoint.torchrun_argv(["python3", "-u", "-m", "pkg"], env) == [*recorded, "--module", "pkg"]
+    assert entrypoint.torchrun_argv(["python", "-O", "t.py"], env) == [*launcher, "--no-python", "python", "-O",
                                                                        "t.py"]
+    assert entrypoint.torchrun_argv(["python", "-c", "pass"], env) == [*launcher, "--no-python", "python", "-c",
+                                                                       "pass"]
     with pytest.raises(contract.ContractError, match="no training command"):
         entrypoint.torchrun_argv([], env)
 
@@ -130,3 +135,18 @@ def test_broken_contract_writes_the_termination_message(monkeypatch: pytest.Monk
         entrypoint.main(["python", "train.py"])
     assert exited.value.code == contract.EXIT_BAD_CONTRACT
     assert termination.read_text().startswith("broken environment contract: PET_RDZV_ENDPOINT is not set")
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "expected"),
+    [
+        (None, ["python", "t.py"], ["python", "t.py"]),  # the image's entrypoint, ddp-worker
+        (["ddp-worker"], ["--", "t.py"], ["t.py"]),
+        (["/usr/local/bin/ddp-worker", "python"], ["-m", "pkg"], ["python", "-m", "pkg"]),
+        (["python", "t.py"], None, None),  # ddp-worker replaced: no worker runtime
+        (["torchrun", "t.py"], [], None),
+    ],
+)
+def test_training_command_is_what_ddp_worker_runs(command: list[str] | None, args: list[str] | None,
+                                                  expected: list[str] | None) -> None:
+    assert contract.training_command(command, args) == expected

@@ -1,0 +1,202 @@
+"""Plain scripts, unchanged, on the real nodes: their progress reaches the DDPJob without a line of ddpjob in them,
+and the stall clocks judge them right (issue 28).
+
+Four jobs run at once, each in its own namespace, their scripts mounted from a ConfigMap as a user would ship them:
+- **tutorial**: the PyTorch DDP tutorial's multinode script (worker/ddpjob_worker/examples/tutorial_ddp.py, the
+  tutorial's code), `progressDeadlineSeconds: 30`, trains for four deadlines after its first step: no incident,
+  never Stalled, its steps and step rate in `status.progress` and `kubectl get ddpj`. Before the runtime counted
+  optimizer steps, the operator restarted it as stalled every deadline.
+- **hang**: a plain script that hangs after step 20: Stalled within the deadline, "stopped after step 20".
+- **slow start**: sleeps 50 s before its first step, longer than its 20 s step deadline, within its 150 s start-up
+  allowance: Succeeded, no incident, never Stalled.
+- **stuck start**: never steps, start-up allowance 60 s: Stalled naming the start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.e2e import training as t
+from tests.e2e.runs import Env, fresh_namespace
+
+pytestmark = pytest.mark.timeout(900)
+
+SCRIPTS = {
+    "tutorial_ddp.py": t.REPO / "worker" / "ddpjob_worker" / "examples" / "tutorial_ddp.py",
+    "plain_steps.py": Path(__file__).parent / "scripts" / "plain_steps.py",
+}
+JOB = "plain"
+TUTORIAL_DEADLINE = 30
+HANG_AFTER, HANG_DEADLINE = 20, 30
+SLOW_SLEEP, SLOW_DEADLINE, SLOW_STARTUP = 50, 20, 150
+STUCK_DEADLINE, STUCK_STARTUP = 20, 60
+#: Fewer idle processes on two cores (no pre-started trainer) for the jobs that mostly wait; the tutorial keeps
+#: the defaults.
+NO_STANDBY = [{"name": "DDPJOB_WARM_TRAINERS", "value": "0"}]
+
+
+@dataclass
+class Case:
+    """One job of the module and what the watcher saw of it."""
+
+    label: str
+    args: list[str]
+    policy: dict[str, Any]
+    replicas: int = 2
+    env: list[dict[str, str]] = field(default_factory=list)
+    ns: str = ""
+    stalled: dict[str, Any] | None = None
+    """The first Stalled=True condition seen, with the time it was seen."""
+    max_incidents: int = 0
+    status: dict[str, Any] = field(default_factory=dict)
+    first_step: float | None = None
+    """When the watcher first saw a step in status.progress."""
+
+    def done(self) -> bool:
+        """Concluded: what the test asserts has happened, or cannot happen any more."""
+        if self.status.get("state") in ("Succeeded", "Failed"):
+            return True
+        if self.label == "tutorial":
+            trained = self.first_step is not None and time.time() - self.first_step >= 4 * TUTORIAL_DEADLINE + 5
+            return trained or self.max_incidents > 0
+        if self.label == "slow start":
+            return self.max_incidents > 0
+        return self.stalled is not None
+
+
+def cases() -> list[Case]:
+    plain = ["python", "/scripts/plain_steps.py"]
+    return [
+        Case("tutorial", ["python", "/scripts/tutorial_ddp.py", "100000", "50", "--snapshot_path",
+                          "/checkpoints/snapshot.pt"], {"progressDeadlineSeconds": TUTORIAL_DEADLINE}),
+        Case("hang", [*plain, "--steps", "100000", "--hang-after", str(HANG_AFTER), "--step-seconds", "0.2"],
+             {"progressDeadlineSeconds": HANG_DEADLINE}, env=NO_STANDBY),
+        Case("slow start", [*plain, "--steps", "20", "--sleep-before", str(SLOW_SLEEP)],
+             {"progressDeadlineSeconds": SLOW_DEADLINE, "startupDeadlineSeconds": SLOW_STARTUP}, replicas=1,
+             env=NO_STANDBY),
+        Case("stuck start", [*plain, "--sleep-before", "100000"],
+             {"progressDeadlineSeconds": STUCK_DEADLINE, "startupDeadlineSeconds": STUCK_STARTUP}, replicas=1,
+             env=NO_STANDBY),
+    ]
+
+
+def manifest(env: Env, case: Case) -> dict[str, Any]:
+    """The job as a user ships a script: a ConfigMap mounted into the stock worker image; no checkpoint claim."""
+    job = t.ddpjob_manifest(JOB, case.ns, node_selector=env.node_selector, args=case.args, claim=False,
+                            run_policy=case.policy,
+                            pod_spec={"volumes": [{"name": "scripts", "configMap": {"name": "scripts"}}]})
+    job["spec"]["replicas"] = case.replicas
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    container["volumeMounts"] = [{"name": "scripts", "mountPath": "/scripts"}]
+    container["env"] = [*container["env"], *case.env]
+    return job
+
+
+def observe(env: Env, case: Case) -> None:
+    case.status = t.job_status(env.cluster, case.ns, JOB)
+    case.max_incidents = max(case.max_incidents, int(case.status.get("incidentCount") or 0))
+    if case.first_step is None and (case.status.get("progress") or {}).get("lastStepTime"):
+        case.first_step = time.time()
+    cond = next((c for c in case.status.get("conditions") or [] if c["type"] == "Stalled" and c["status"] == "True"),
+                None)
+    if cond is not None and case.stalled is None:
+        case.stalled = {**cond, "seen": time.time(), "progress": case.status.get("progress") or {}}
+
+
+@pytest.fixture(scope="module")
+def plain_runs(env: Env) -> dict[str, Case]:
+    """Every case created at once, watched every 2 s until each one concluded; namespaces deleted after."""
+    runs = cases()
+    data = {name: path.read_text() for name, path in SCRIPTS.items()}
+    try:
+        for case in runs:
+            case.ns = fresh_namespace(env.cluster, case.label.replace(" ", "-"))
+            env.cluster.kubectl("create", "configmap", "scripts", "-n", case.ns,
+                                *(f"--from-literal={k}={v}" for k, v in data.items()))
+            env.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest(env, case)))
+        t.log(f"plain scripts: {', '.join(f'{c.label} in {c.ns}' for c in runs)}")
+
+        def all_done() -> bool:
+            for case in runs:
+                observe(env, case)
+            return all(case.done() for case in runs)
+
+        wait_for(all_done, timeout=720, interval=2, describe="every plain-script case concluded",
+                 state=lambda: "\n".join(f"{c.label}: {t.describe_job(env.cluster, c.ns, JOB)}" for c in runs))
+        for case in runs:
+            t.log(f"plain scripts: {case.label}: state {case.status.get('state')}, incidents {case.max_incidents}, "
+                  f"stalled {(case.stalled or {}).get('reason')}, progress {json.dumps(case.status.get('progress'))}")
+        return {case.label: case for case in runs}
+    finally:
+        for case in runs:
+            if case.ns:
+                env.cluster.kubectl("delete", "namespace", case.ns, "--wait=false", check=False)
+
+
+def test_the_tutorial_script_unchanged_reports_its_steps_and_is_never_restarted(
+        env: Env, plain_runs: dict[str, Case]) -> None:
+    case = plain_runs["tutorial"]
+    assert case.first_step is not None and time.time() - case.first_step >= 4 * TUTORIAL_DEADLINE, case.status
+    assert case.max_incidents == 0 and case.stalled is None, (case.stalled, case.status.get("incidents"))
+    progress = case.status["progress"]
+    assert progress["source"] == "OptimizerSteps" and progress["globalStep"] > 0, progress
+    assert progress["stepRate"] > 0 and "epoch" not in progress, progress
+    stalled = next(c for c in case.status["conditions"] if c["type"] == "Stalled")
+    assert stalled["reason"] == "Progressing" and "optimizer steps" in stalled["message"], stalled
+
+
+def test_kubectl_get_shows_the_steps_and_the_rate(env: Env, plain_runs: dict[str, Case]) -> None:
+    case = plain_runs["tutorial"]
+    table = env.cluster.kubectl("get", "ddpj", JOB, "-n", case.ns).stdout
+    header, row = table.splitlines()[:2]
+    # Cut the row at the header's column starts: an empty cell (EPOCH: the script reports none) is blanks.
+    starts = [m.start() for m in re.finditer(r"\S+", header)]
+    values = {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)}
+    assert int(values["STEP"]) > 0 and float(values["STEPS/S"]) > 0, table
+    t.log(f"kubectl get ddpj:\n{table}")
+
+
+def test_a_script_that_hangs_after_n_steps_is_stalled_within_the_deadline(plain_runs: dict[str, Case]) -> None:
+    case = plain_runs["hang"]
+    assert case.stalled is not None, case.status
+    assert case.stalled["reason"] == "ProgressStopped", case.stalled
+    assert f"training stopped after step {HANG_AFTER} (optimizer steps counted" in case.stalled["message"]
+    last_step = t.parse_ts(case.stalled["progress"]["lastStepTime"])
+    detected = case.stalled["seen"] - last_step
+    t.log(f"hang: Stalled {detected:.1f}s after the last step (progressDeadlineSeconds {HANG_DEADLINE})")
+    # The condition goes True at the deadline; the watcher polls every 2 s and the API server's clock is this one.
+    assert HANG_DEADLINE - 1 <= detected <= HANG_DEADLINE + 10, detected
+
+
+def test_a_slow_start_within_the_allowance_is_no_incident(plain_runs: dict[str, Case]) -> None:
+    case = plain_runs["slow start"]
+    assert case.status.get("state") == "Succeeded", case.status
+    assert case.max_incidents == 0 and case.stalled is None, (case.stalled, case.status.get("incidents"))
+    progress = case.status["progress"]
+    start = t.parse_ts(progress["start"]["rendezvousTime"])
+    first = t.parse_ts(progress["start"]["firstStepTime"])
+    t.log(f"slow start: first step {first - start:.0f}s after the rendezvous (step deadline {SLOW_DEADLINE}s, "
+          f"start-up allowance {SLOW_STARTUP}s)")
+    assert first - start >= SLOW_SLEEP > SLOW_DEADLINE and progress["globalStep"] == 20, progress
+
+
+def test_a_start_up_past_the_allowance_is_stalled_naming_the_start_up(plain_runs: dict[str, Case]) -> None:
+    case = plain_runs["stuck start"]
+    assert case.stalled is not None, case.status
+    assert case.stalled["reason"] == "NoProgressSinceStart", case.stalled
+    message = case.stalled["message"]
+    assert f"past the start-up allowance (startupDeadlineSeconds {STUCK_STARTUP})" in message, message
+    assert "lastStepTime" not in case.stalled["progress"], case.stalled
+    started = re.search(r"no step since the group started at (\S+Z):", message)
+    assert started is not None, message
+    after = case.stalled["seen"] - t.parse_ts(started[1])
+    t.log(f"stuck start: Stalled {after:.1f}s after the group started (startupDeadlineSeconds {STUCK_STARTUP})")
+    assert STUCK_STARTUP - 1 <= after <= STUCK_STARTUP + 15, after

@@ -1,0 +1,125 @@
+"""Progress without code changes: in the rank-0 trainer, the recorded runner counts the script's optimizer steps and
+reports them to the DDPJob's ``status.progress`` (steps, step rate, time of the last step) through the progress
+reporter's own path, so a plain script (the PyTorch DDP tutorial's, say) shows its progress and is never taken for
+stalled while it trains.
+
+What counts as a step: one ``step()`` of any ``torch.optim.Optimizer``, its subclasses included (Apex, DeepSpeed's
+and bitsandbytes' optimizers, and what Lightning, Accelerate and the Hugging Face Trainer step), through torch's
+global optimizer hook. A script that updates its parameters without an optimizer is not seen: it reports with
+ProgressReporter (docs/api.md, "Stall detection"). Once the script calls ``ProgressReporter.report`` itself, its
+report owns the status and the counter stops sending, so nothing is counted twice.
+
+The hook only counts; a daemon thread sends, so training never waits for the API server.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ddpjob_worker import progress
+from ddpjob_worker.logs import get_logger
+
+log = get_logger("autoprogress")
+
+#: Seconds between two reports while steps go on (the script's reporter uses the same interval).
+INTERVAL_SECONDS = 10.0
+#: After the first step, how long the counter waits before its first report: a script with its own reporter
+#: reports right after its first step, and then the counter never sends at all.
+FIRST_REPORT_GRACE_SECONDS = 0.5
+
+
+class StepCounter:
+    """Optimizer steps seen in this process: how many, the first and the last one's time. Called by torch's
+    global optimizer hook: it only counts (a few attribute writes per step)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.steps = 0
+        self.first: float | None = None
+        self.last: float | None = None
+        self.stepped = threading.Event()
+        self._clock = clock
+
+    def __call__(self, *_hook_args: Any) -> None:
+        now = self._clock()
+        self.steps += 1
+        self.last = now
+        if self.first is None:
+            self.first = now
+            self.stepped.set()
+
+    def reading(self) -> tuple[int, float, float] | None:
+        """(steps, first step's time, last step's time), or None before the first step."""
+        steps, first, last = self.steps, self.first, self.last
+        return None if first is None or last is None else (steps, first, last)
+
+
+class AutoReporter:
+    """Sends the counter's steps every ``interval`` while they change, from a daemon thread, until the script
+    reports itself; once more when the script returned (its final step)."""
+
+    def __init__(self, counter: StepCounter, reporter: progress.ProgressReporter, *,
+                 interval: float = INTERVAL_SECONDS, grace: float = FIRST_REPORT_GRACE_SECONDS) -> None:
+        self.counter = counter
+        self.reporter = reporter
+        self.interval = interval
+        self.grace = grace
+        self.stop = threading.Event()
+        self.hook: Any = None
+        """torch's handle of the optimizer hook (install sets it; close removes it)."""
+        self._sent: int | None = None
+        self._lock = threading.Lock()
+
+    def send(self) -> None:
+        """Report the steps counted so far, unless nothing changed or the script reports itself."""
+        with self._lock:  # the thread and the exit handler
+            reading = self.counter.reading()
+            if reading is None or reading[0] == self._sent or progress.script_reports():
+                return
+            steps, first, last = reading
+            self.reporter.report_steps(steps, last, first)
+            self._sent = steps
+
+    def run(self) -> None:
+        """The thread: the new group's start at once, then the steps."""
+        self.reporter.announce_start()
+        while not self.counter.stepped.wait(1.0):
+            if self.stop.is_set():
+                return
+        if self.stop.wait(self.grace):
+            return
+        while not progress.script_reports():
+            self.send()
+            if self.stop.wait(self.interval):
+                return
+
+    def close(self) -> None:
+        """The script returned: stop the thread and send the last count (its final step). Not called when the
+        script failed: the failed trainer leaves at once (recorded.leave), the restart is what matters then."""
+        self.stop.set()
+        if self.hook is not None:
+            self.hook.remove()
+        self.send()
+
+
+def install(environ: Mapping[str, str] | None = None) -> AutoReporter | None:
+    """In the trainer, before the script runs: count optimizer steps and report them, on rank 0 of a DDPJob (or
+    of ``ddpjob run``); None elsewhere, where nothing is installed and nothing costs anything."""
+    reporter = progress.ProgressReporter(environ=environ)
+    if not reporter.active:
+        return None
+    import torch
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    counter = StepCounter()
+
+    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        counter()
+
+    # Eager even where the optimizer step is compiled: a hook traced by dynamo would read the clock once.
+    auto = AutoReporter(counter, reporter)
+    auto.hook = register_optimizer_step_post_hook(torch.compiler.disable(hook))  # type: ignore[no-untyped-call]
+    threading.Thread(target=auto.run, name="ddpjob-progress", daemon=True).start()
+    return auto
