@@ -6,8 +6,8 @@ stalled while it trains.
 What counts as a step: one ``step()`` of any ``torch.optim.Optimizer``, its subclasses included (Apex, DeepSpeed's
 and bitsandbytes' optimizers, and what Lightning, Accelerate and the Hugging Face Trainer step), through torch's
 global optimizer hook. A script that updates its parameters without an optimizer is not seen: it reports with
-ProgressReporter (docs/api.md, "Stall detection"). Once the script calls ``ProgressReporter.report`` itself, its
-report owns the status and the counter stops sending, so nothing is counted twice.
+ProgressReporter (docs/api.md, "Stall detection"). Once the script creates a ``ProgressReporter`` itself, its report
+owns the status and the counter sends nothing, so nothing is counted twice.
 
 The hook only counts; a daemon thread sends, so training never waits for the API server.
 """
@@ -104,10 +104,16 @@ class AutoReporter:
         self.send()
 
 
+class RuntimeReporter(progress.ProgressReporter):
+    """The counter's own reporter: the same path to status.progress, without claiming it from the script."""
+
+    owns_progress = False
+
+
 def install(environ: Mapping[str, str] | None = None) -> AutoReporter | None:
     """In the trainer, before the script runs: count optimizer steps and report them, on rank 0 of a DDPJob (or
     of ``ddpjob run``); None elsewhere, where nothing is installed and nothing costs anything."""
-    reporter = progress.ProgressReporter(environ=environ)
+    reporter = RuntimeReporter(environ=environ)
     if not reporter.active:
         return None
     import torch

@@ -1,7 +1,7 @@
 """Rank 0's progress reporter: epoch, step, loss and the last checkpoint into the DDPJob's ``status.progress``
 (so ``kubectl get ddpjobs`` shows them) and, under ``ddpjob run``, into a local JSON file. A script that does not
 use it still reports its steps: the recorded runner counts them (ddpjob_worker.autoprogress) and sends them
-through the same path, until the script's own first report."""
+through the same path, unless the script creates a reporter of its own."""
 
 from __future__ import annotations
 
@@ -25,13 +25,15 @@ SOURCE_OPTIMIZER = "OptimizerSteps"
 #: Seconds one status patch may take: a hung API server must not hold a report (or the exit that flushes it).
 REQUEST_TIMEOUT_SECONDS = 10
 
-# Set by the script's first ProgressReporter.report() in this process: its richer report then owns
-# status.progress, and the runtime's step counter stops sending, so no step is ever reported twice.
+# Set once the script in this process creates a ProgressReporter: its richer report then owns status.progress, and
+# the runtime's step counter sends nothing, so no step is ever reported twice. At creation, not at the first
+# report: a script may sleep or checkpoint between its first optimizer step and its first report, and the counter's
+# report in between would carry a start record without the script's checkpoint-loaded time.
 _script_reports = threading.Event()
 
 
 def script_reports() -> bool:
-    """Whether the script in this process reports its own progress (it called ProgressReporter.report)."""
+    """Whether the script in this process reports its own progress (it created a ProgressReporter)."""
     return _script_reports.is_set()
 
 
@@ -49,8 +51,13 @@ class ProgressReporter:
     """Throttled, fail-soft reporting. Only rank 0 reports; on other ranks every call is a no-op. Any trouble
     (no cluster, no RBAC, API server down) is logged once and training goes on: progress is a convenience."""
 
+    #: A script's own reporter owns status.progress from its creation on (the runtime's counter then stays quiet).
+    owns_progress = True
+
     def __init__(self, *, interval_seconds: float = 10.0, environ: Mapping[str, str] | None = None,
                  api: Any | None = None) -> None:
+        if self.owns_progress:
+            _script_reports.set()
         env = os.environ if environ is None else environ
         self.enabled = env.get("RANK", "0") == "0"
         self.interval = interval_seconds
@@ -87,7 +94,6 @@ class ProgressReporter:
                checkpoint_step: int | None = None, checkpoint_time: float | None = None,
                force: bool = False) -> None:
         """Record progress; sent at most once per interval unless ``force`` (e.g. right after a checkpoint)."""
-        _script_reports.set()
         if not self.enabled:
             return
         progress: dict[str, Any] = {"epoch": epoch, "step": step, "globalStep": global_step,

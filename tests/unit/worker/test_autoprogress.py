@@ -59,7 +59,7 @@ def test_the_counter_counts_steps_with_their_first_and_last_time() -> None:
 def test_steps_are_reported_with_the_rate_the_time_of_the_last_step_and_the_source() -> None:
     api, clock = FakeApi(), Clock()
     counter = autoprogress.StepCounter(clock)
-    auto = autoprogress.AutoReporter(counter, ProgressReporter(environ=ENV, api=api))
+    auto = autoprogress.AutoReporter(counter, autoprogress.RuntimeReporter(environ=ENV, api=api))
     for t in (1001.0, 1002.0):
         clock.t = t
         counter()
@@ -82,9 +82,12 @@ def test_steps_are_reported_with_the_rate_the_time_of_the_last_step_and_the_sour
 def test_a_script_that_reports_itself_owns_the_progress_and_nothing_is_counted_twice() -> None:
     api = FakeApi()
     counter = autoprogress.StepCounter()
-    auto = autoprogress.AutoReporter(counter, ProgressReporter(environ=ENV, api=api))
+    auto = autoprogress.AutoReporter(counter, autoprogress.RuntimeReporter(environ=ENV, api=api))
+    assert not progress.script_reports(), "the runtime's own reporter claims nothing"
+    script = ProgressReporter(environ=ENV, api=api)
     counter()
-    ProgressReporter(environ=ENV, api=api).report(epoch=0, step=1, global_step=101)  # resumed at 100
+    auto.send()  # the script made a reporter but did not report yet (it sleeps or checkpoints first): nothing
+    script.report(epoch=0, step=1, global_step=101)  # resumed at 100
     counter()
     auto.send()
     auto.close()
@@ -94,7 +97,8 @@ def test_a_script_that_reports_itself_owns_the_progress_and_nothing_is_counted_t
 def test_the_thread_announces_the_new_group_then_reports_after_the_first_step() -> None:
     api = FakeApi()
     counter = autoprogress.StepCounter()
-    auto = autoprogress.AutoReporter(counter, ProgressReporter(environ=ENV, api=api), interval=3600, grace=0)
+    auto = autoprogress.AutoReporter(counter, autoprogress.RuntimeReporter(environ=ENV, api=api), interval=3600,
+                                     grace=0)
     thread = threading.Thread(target=auto.run, daemon=True)
     thread.start()
     assert api.sent.wait(10)
