@@ -13,23 +13,31 @@ CLUSTER_DIR ?= .cluster
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# `make test` collects each phase's time here (hack/timed.sh; DDPJOB_TIMINGS for the scripts and suites it runs)
+# and prints them as a table at the end, whatever the outcome.
+TIMINGS ?= $(CURDIR)/.out/timings.tsv
+TIMED := bash hack/timed.sh
+
 .PHONY: venv
 venv: ## Create .venv and install ddpjob with dev extras (idempotent)
-	@bash hack/venv.sh
+	@$(TIMED) venv bash hack/venv.sh
 
 .PHONY: tools
 tools: ## Build the pinned cluster tools (k8s v1.34, etcd, kwok, helm) into ~/.cache/ddpjob (cached)
-	@bash hack/install-tools.sh
+	@$(TIMED) tools bash hack/install-tools.sh
 
 # `make test` is what CI runs (.ci/run): everything, the real-node e2e tier included (root, ~15 GB free disk).
 .PHONY: test
-test: test-fast e2e ## Run every test: lint, types, unit, integration, then the e2e tier on a local real node
+test: ## Run every test: lint, types, unit, integration, then the e2e tier on a local real node; prints a timing table
+	@mkdir -p $(dir $(TIMINGS)) && rm -f $(TIMINGS)
+	@start=$$(date +%s); DDPJOB_TIMINGS=$(TIMINGS) $(MAKE) --no-print-directory test-fast e2e; rc=$$?; \
+		python3 hack/timings.py $(TIMINGS) --since $$start; exit $$rc
 
 .PHONY: test-fast
-test-fast: venv tools ## Run lint, type checks, unit and integration tests (no root, no Docker; ~4 min)
-	$(VENV)/bin/ruff check operator worker tests bench
-	$(VENV)/bin/mypy
-	$(PY) -m pytest tests -m "not e2e" -q
+test-fast: venv tools ## Run lint, type checks, unit and integration tests (no root, no Docker)
+	$(TIMED) lint $(PY) -m ruff check operator worker tests bench
+	$(TIMED) types $(PY) -m mypy
+	$(TIMED) pytest $(PY) -m pytest tests -m "not e2e" -q -n 2 --dist loadgroup
 
 .PHONY: unit
 unit: venv ## Run the unit tests only
@@ -37,8 +45,8 @@ unit: venv ## Run the unit tests only
 
 .PHONY: lint
 lint: venv ## ruff and mypy
-	$(VENV)/bin/ruff check operator worker tests bench
-	$(VENV)/bin/mypy
+	$(PY) -m ruff check operator worker tests bench
+	$(PY) -m mypy
 
 .PHONY: cluster-up
 cluster-up: venv tools ## Start the local control plane in .cluster/; the last line is `export KUBECONFIG=...`

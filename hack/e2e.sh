@@ -36,9 +36,9 @@ check_disk() {
 }
 
 check_disk
-bash hack/images.sh
+bash hack/timed.sh images bash hack/images.sh
 check_disk
 # Both suites start their own clusters; a KUBECONFIG from the caller's shell must not redirect them.
-env -u KUBECONFIG "$PY" -m pytest tests/images -m e2e -q
+bash hack/timed.sh tests/images env -u KUBECONFIG "$PY" -m pytest tests/images -m e2e -q
 # shellcheck disable=SC2086  # E2E_ARGS is a list of pytest arguments
-env -u KUBECONFIG "$PY" -m pytest tests/e2e -m e2e --durations=0 ${E2E_ARGS:-}
+bash hack/timed.sh tests/e2e env -u KUBECONFIG "$PY" -m pytest tests/e2e -m e2e --durations=0 ${E2E_ARGS:-}

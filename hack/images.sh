@@ -119,12 +119,12 @@ print("\n".join(p["dependencies"] + p["optional-dependencies"]["worker"] + ["set
 EOF
 )
 stamp=$WHEELHOUSE/.stamp
-want=$({ echo "$reqs"; "$REPO/.venv/bin/pip" freeze --exclude-editable; } | sha256sum | cut -c1-16)
+want=$({ echo "$reqs"; "$REPO/.venv/bin/python" -m pip freeze --exclude-editable; } | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   log "downloading wheels into $WHEELHOUSE"
-  "$REPO/.venv/bin/pip" freeze --exclude-editable >"$WHEELHOUSE/constraints.txt"
+  "$REPO/.venv/bin/python" -m pip freeze --exclude-editable >"$WHEELHOUSE/constraints.txt"
   echo "$reqs" >"$WHEELHOUSE/requirements.txt"
-  "$REPO/.venv/bin/pip" download -q --progress-bar off --only-binary=:all: -d "$WHEELHOUSE" \
+  "$REPO/.venv/bin/python" -m pip download -q --progress-bar off --only-binary=:all: -d "$WHEELHOUSE" \
     -c "$WHEELHOUSE/constraints.txt" -r "$WHEELHOUSE/requirements.txt"
   echo "$want" >"$stamp"
   took "wheelhouse ready ($(du -sh "$WHEELHOUSE" | cut -f1))"

@@ -15,13 +15,53 @@ import pytest
 T = TypeVar("T")
 
 
+#: Seconds per test (setup, call and teardown) and the outcome, for `make test`'s timing table (hack/timings.py).
+_DURATIONS: dict[str, list[Any]] = {}
+
+
+def _tier(nodeid: str) -> str:
+    top = nodeid.split("/")[1] if nodeid.startswith("tests/") else ""
+    return {"worker": "torchrun"}.get(top, top)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add up each test's phases (under xdist the controller sees every worker's reports)."""
+    entry = _DURATIONS.setdefault(report.nodeid, [0.0, "passed"])
+    entry[0] += report.duration
+    if report.failed:
+        entry[1] = "failed"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """With DDPJOB_TIMINGS set: one row per e2e test, one per other tier (the sum of its tests' times)."""
+    path = os.environ.get("DDPJOB_TIMINGS")
+    if not path or hasattr(session.config, "workerinput") or not _DURATIONS:
+        return
+    rows: list[str] = []
+    tiers: dict[str, list[float]] = {}
+    for nodeid, (seconds, outcome) in _DURATIONS.items():
+        tier = _tier(nodeid)
+        if tier == "e2e":
+            rows.append(f"  e2e: {nodeid.rsplit('::', 1)[-1]}\t{seconds:.1f}\t{outcome}")
+        else:
+            tiers.setdefault(tier, []).append(seconds)
+    rows += [f"  {tier}: {len(times)} tests (sum)\t{sum(times):.1f}\t" for tier, times in sorted(tiers.items())]
+    with open(path, "a") as f:
+        f.write("".join(row + "\n" for row in rows))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test by its directory so `-m unit` / `-m integration` select whole tiers."""
+    """Mark every test by its directory so `-m unit` / `-m integration` select whole tiers. Under pytest-xdist
+    (`make test-fast` runs `-n 2 --dist loadgroup`) the integration tier stays on one worker: its tests share that
+    worker's control plane while the other worker runs the unit and torchrun tests, which mostly wait on different
+    things (the API server's round trips against torch's imports and training steps)."""
     for item in items:
         parts = Path(str(item.fspath)).parts
         for tier in ("unit", "integration", "e2e"):
             if tier in parts:
                 item.add_marker(getattr(pytest.mark, tier))
+        if "integration" in parts:
+            item.add_marker(pytest.mark.xdist_group("control-plane"))
 
 
 class Cluster:

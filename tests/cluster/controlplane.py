@@ -61,15 +61,44 @@ def tool(name: str) -> Path:
 #: Ports free_port handed out: each is free only until its process binds it, and the kernel may offer a port
 #: again as soon as our probe socket closes (CI once gave etcd and kwok the same one).
 _HANDED_OUT: set[int] = set()
+#: One file per port handed out by any live test process on this machine (pytest-xdist runs several at once: a
+#: port another process probed but did not bind yet looks free to this one). A file names its owner's PID; one
+#: whose owner is gone is taken over.
+PORT_CLAIMS = Path(os.environ.get("TMPDIR", "/tmp")) / "ddpjob-test-ports"
+
+
+def _claim(port: int) -> bool:
+    """Claim ``port`` for this process machine-wide; False when a live process has it."""
+    PORT_CLAIMS.mkdir(parents=True, exist_ok=True)
+    path = PORT_CLAIMS / str(port)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            try:
+                owner = int(path.read_text() or 0)
+                os.kill(owner, 0)
+                if owner != os.getpid():
+                    return False
+            except (OSError, ValueError):  # its owner is gone (or it is half written): take it over
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                continue
+            return True  # ours already (_HANDED_OUT was reset)
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return True
+    return False
 
 
 def free_port() -> int:
-    """A port nobody listens on right now (the kernel picks it), never one this process handed out before."""
+    """A port nobody listens on right now (the kernel picks it), never one this process or any other live test
+    process handed out before."""
     while True:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
+        if port not in _HANDED_OUT and _claim(port):
             _HANDED_OUT.add(port)
             return port
 

@@ -79,8 +79,7 @@ def env(cluster: Cluster) -> Iterator[Any]:
         t.helm_uninstall_operator(cluster)
 
 
-@pytest.fixture(scope="session")
-def reference(env: Any) -> Any:
+def _reference_run(env: Any) -> Any:
     """The uninterrupted run every faulted run is compared with."""
     from tests.e2e import results
     from tests.e2e.runs import run_job
@@ -89,6 +88,40 @@ def reference(env: Any) -> Any:
     results.record("uninterrupted", wall_seconds=round(run.wall_seconds, 1), params=run.params_sha256[:16],
                    incidents=run.status.get("incidentCount", 0))
     return run
+
+
+@pytest.fixture(scope="session")
+def background(env: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The background runs (tests/e2e/background.py) of every selected test, started now, together."""
+    from tests.e2e.background import RUNS, Background, pinned
+
+    RUNS.setdefault("reference", _reference_run)
+    items = request.session.items
+    names = {m.args[0] for item in items for m in item.iter_markers("background")}
+    if any("reference" in getattr(item, "fixturenames", ()) for item in items):
+        names.add("reference")
+    runs = Background(pinned(env), names)
+    try:
+        yield runs
+    finally:
+        runs.close()
+
+
+class _Later:
+    """A background run's result that a test waits for only when it first reads it: a test starts its own job,
+    and compares it with the reference once that job is done."""
+
+    def __init__(self, background: Any, name: str) -> None:
+        self._background, self._name = background, name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._background.result(self._name), attr)
+
+
+@pytest.fixture(scope="session")
+def reference(background: Any) -> Any:
+    """The uninterrupted run every faulted run is compared with (a background run, started first; read lazily)."""
+    return _Later(background, "reference")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -101,5 +134,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """test_up_down_leaves_nothing first, whatever the file names: it needs the machine's real-node slot, which
-    the session cluster holds from the first test that uses it until the end."""
-    items.sort(key=lambda item: item.name != "test_up_down_leaves_nothing")
+    the session cluster holds from the first test that uses it until the end. Tests marked ``exclusive`` last:
+    they wait for the background runs to end and must come after every foreground fault (test_spares.py counts
+    recoveries in the operator's /metrics, which every other job's recovery would add to)."""
+    items.sort(key=lambda item: (item.name != "test_up_down_leaves_nothing",
+                                 item.get_closest_marker("exclusive") is not None))

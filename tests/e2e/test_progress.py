@@ -25,9 +25,10 @@ import pytest
 
 from tests.conftest import wait_for
 from tests.e2e import training as t
+from tests.e2e.background import Background, runs_in_background
 from tests.e2e.runs import Env, fresh_namespace
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.background("plain-scripts")]
 
 SCRIPTS = {
     "tutorial_ddp.py": t.REPO / "worker" / "ddpjob_worker" / "examples" / "tutorial_ddp.py",
@@ -52,6 +53,8 @@ class Case:
     policy: dict[str, Any]
     replicas: int = 2
     env: list[dict[str, str]] = field(default_factory=list)
+    cpu_limit: str | None = None
+    """The tutorial trains as fast as it can: a limit keeps both cores from going to it alone."""
     ns: str = ""
     stalled: dict[str, Any] | None = None
     """The first `Stalled` Event (message, time) and the status when the watcher saw it."""
@@ -59,6 +62,8 @@ class Case:
     status: dict[str, Any] = field(default_factory=dict)
     first_step: float | None = None
     """When the watcher first saw a step in status.progress."""
+    table: str = ""
+    """`kubectl get ddpj` once the case concluded (its namespace goes with the run)."""
 
     def done(self) -> bool:
         """Concluded: what the test asserts has happened, or cannot happen any more."""
@@ -76,7 +81,8 @@ def cases() -> list[Case]:
     plain = ["python", "/scripts/plain_steps.py"]
     return [
         Case("tutorial", ["python", "/scripts/tutorial_ddp.py", "100000", "50", "--snapshot_path",
-                          "/checkpoints/snapshot.pt"], {"progressDeadlineSeconds": TUTORIAL_DEADLINE}),
+                          "/checkpoints/snapshot.pt"], {"progressDeadlineSeconds": TUTORIAL_DEADLINE},
+             cpu_limit="500m"),
         Case("hang", [*plain, "--steps", "100000", "--hang-after", str(HANG_AFTER), "--step-seconds", "0.2"],
              {"progressDeadlineSeconds": HANG_DEADLINE}, env=NO_STANDBY),
         Case("slow start", [*plain, "--steps", "20", "--sleep-before", str(SLOW_SLEEP)],
@@ -97,6 +103,8 @@ def manifest(env: Env, case: Case) -> dict[str, Any]:
     container = job["spec"]["template"]["spec"]["containers"][0]
     container["volumeMounts"] = [{"name": "scripts", "mountPath": "/scripts"}]
     container["env"] = [*container["env"], *case.env]
+    if case.cpu_limit:
+        container["resources"]["limits"]["cpu"] = case.cpu_limit
     return job
 
 
@@ -125,8 +133,8 @@ def observe(env: Env, case: Case) -> None:
                             "incidents": case.status.get("incidents") or []}
 
 
-@pytest.fixture(scope="module")
-def plain_runs(env: Env) -> dict[str, Case]:
+@runs_in_background("plain-scripts")
+def run_plain_scripts(env: Env) -> dict[str, Case]:
     """Every case created at once, watched every 2 s until each one concluded; namespaces deleted after."""
     runs = cases()
     data = {name: path.read_text() for name, path in SCRIPTS.items()}
@@ -146,6 +154,8 @@ def plain_runs(env: Env) -> dict[str, Case]:
         wait_for(all_done, timeout=720, interval=2, describe="every plain-script case concluded",
                  state=lambda: "\n".join(f"{c.label}: {t.describe_job(env.cluster, c.ns, JOB)}" for c in runs))
         for case in runs:
+            case.table = env.cluster.kubectl("get", "ddpj", JOB, "-n", case.ns).stdout
+        for case in runs:
             t.log(f"plain scripts: {case.label}: state {case.status.get('state')}, incidents {case.max_incidents}, "
                   f"stalled {(case.stalled or {}).get('message')}, progress {json.dumps(case.status.get('progress'))}")
         return {case.label: case for case in runs}
@@ -153,6 +163,12 @@ def plain_runs(env: Env) -> dict[str, Case]:
         for case in runs:
             if case.ns:
                 env.cluster.kubectl("delete", "namespace", case.ns, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def plain_runs(background: Background) -> dict[str, Case]:
+    runs: dict[str, Case] = background.result("plain-scripts")
+    return runs
 
 
 def test_the_tutorial_script_unchanged_reports_its_steps_and_is_never_restarted(
@@ -167,9 +183,8 @@ def test_the_tutorial_script_unchanged_reports_its_steps_and_is_never_restarted(
     assert stalled["reason"] == "Progressing" and "optimizer steps" in stalled["message"], stalled
 
 
-def test_kubectl_get_shows_the_steps_and_the_rate(env: Env, plain_runs: dict[str, Case]) -> None:
-    case = plain_runs["tutorial"]
-    table = env.cluster.kubectl("get", "ddpj", JOB, "-n", case.ns).stdout
+def test_kubectl_get_shows_the_steps_and_the_rate(plain_runs: dict[str, Case]) -> None:
+    table = plain_runs["tutorial"].table
     header, row = table.splitlines()[:2]
     # Cut the row at the header's column starts: an empty cell (EPOCH: the script reports none) is blanks.
     starts = [m.start() for m in re.finditer(r"\S+", header)]

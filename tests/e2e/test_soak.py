@@ -17,6 +17,7 @@ import pytest
 from tests.conftest import wait_for
 from tests.e2e import faults, results
 from tests.e2e import training as t
+from tests.e2e.background import Background, runs_in_background
 from tests.e2e.runs import JOB, Env, Run, assert_same_model, run_job
 
 pytestmark = pytest.mark.timeout(1800)
@@ -106,8 +107,16 @@ def _report(run: Run, reference: Run) -> list[dict[str, Any]]:
     return rows
 
 
-def test_soak_one_job_through_a_sequence_of_faults(env: Env, reference: Run) -> None:
-    run = run_job(env, "soak", soak, args=SOAK_ARGS, run_policy=SOAK_POLICY, timeout=1500)
+# After the plain-script runs: the soak takes the operator down twice, which would delay the stall detection that
+# test_progress.py times.
+@runs_in_background("soak", after=("plain-scripts",))
+def soak_run(env: Env) -> Run:
+    return run_job(env, "soak", soak, args=SOAK_ARGS, run_policy=SOAK_POLICY, timeout=1500)
+
+
+@pytest.mark.background("soak")
+def test_soak_one_job_through_a_sequence_of_faults(background: Background, reference: Run) -> None:
+    run = background.result("soak")
     rows = _report(run, reference)
     assert len(rows) >= 13 and len({r["kind"] for r in rows}) >= 6
     assert sum(r["kind"] == "rendezvous lost" for r in rows) == 3

@@ -20,6 +20,7 @@ import pytest
 
 from tests.e2e import faults, results
 from tests.e2e import training as t
+from tests.e2e.background import Background, runs_in_background
 from tests.e2e.runs import Env, Run, assert_same_model, run_job
 
 pytestmark = pytest.mark.timeout(1500)
@@ -64,11 +65,17 @@ def no_claim_scenario(env: Env, ns: str, created: float) -> dict[str, Any]:
     return {"faults": injected, "logs": capture.texts}
 
 
-def test_no_claim_survives_kill9_and_each_worker_pod_deleted(env: Env, reference: Run) -> None:
+@runs_in_background("no-claim")
+def no_claim_run(env: Env) -> Run:
+    return run_job(env, "no-claim", no_claim_scenario, claim=False)
+
+
+@pytest.mark.background("no-claim")
+def test_no_claim_survives_kill9_and_each_worker_pod_deleted(background: Background, reference: Run) -> None:
     """The API default (no checkpoint.volumeClaim: a per-pod emptyDir): every pod keeps a full copy; a restarted
     group resumes from its own copies; a replaced pod's empty volume is filled from its peer over the process
     group. Every resume is from a checkpoint (not step 0), and the run ends bitwise equal to the reference."""
-    run = run_job(env, "no-claim", no_claim_scenario, claim=False)
+    run = background.result("no-claim")
     for item in run.extra["faults"]:
         resumes = [(w, pod, step) for w, pod, step in run.logs.resumes(item["at"])]
         assert resumes, f"no resume after {item['fault']}\n{run.logs.text()}"

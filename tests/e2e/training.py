@@ -162,7 +162,8 @@ def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: 
                 # One thread per worker: two workers share two cores.
                 "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
                 "args": args or TRAINER_ARGS,
-                "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
+                # A small CPU request: several runs share node 0 (tests/e2e/background.py).
+                "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
             }],
             **(pod_spec or {}),
         }},

@@ -3,7 +3,9 @@ long (containerd exits halfway up on a ttrpc socket path over 104 bytes), and tw
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +55,18 @@ def test_free_port_never_hands_a_port_out_twice(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(controlplane, "_HANDED_OUT", set())
     monkeypatch.setattr("tests.cluster.controlplane.socket.socket", lambda *a, **k: _ProbeSocket(offers))
     assert [controlplane.free_port(), controlplane.free_port()] == [40001, 40002]
+
+
+def test_free_port_skips_a_port_another_live_process_claimed(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    offers = iter([40001, 40002, 40003])
+    monkeypatch.setattr(controlplane, "_HANDED_OUT", set())
+    monkeypatch.setattr(controlplane, "PORT_CLAIMS", tmp_path)
+    monkeypatch.setattr("tests.cluster.controlplane.socket.socket", lambda *a, **k: _ProbeSocket(offers))
+    (tmp_path / "40001").write_text(str(os.getppid()))  # a live process (our parent) holds it
+    (tmp_path / "40002").write_text("999999999")  # its owner is gone: taken over
+    assert controlplane.free_port() == 40002
+    assert (tmp_path / "40002").read_text() == str(os.getpid())
 
 
 def test_free_port_is_a_real_free_port() -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 from ddpjob_worker import contract, procs
 
+from tests.cluster.controlplane import free_port
+
 PY = sys.executable
 #: A tiny charlm: a few seconds per run on a loaded 2-core machine.
 TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
@@ -44,7 +46,7 @@ class LocalJob:
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
-        self.port = procs.free_port()
+        self.port = free_port()  # claimed machine-wide: other pytest-xdist workers run beside this one
         self.uid = f"test-{os.getpid()}-{time.monotonic_ns()}"
         self.ckpt_dir = workdir / "checkpoints"
         self.progress = workdir / "progress.json"

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from ddpjob_worker import procs, storekeeper
+from ddpjob_worker import storekeeper
 from torch._C._distributed_c10d import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
@@ -19,6 +19,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousTimeout,
     _RendezvousState,
 )
+
+from tests.cluster.controlplane import free_port
 
 
 def server(port: int) -> Any:
@@ -57,7 +59,7 @@ def test_a_handler_without_a_c10d_store_is_left_alone() -> None:
 
 
 def test_reconnects_to_a_new_empty_store_and_restores_the_round() -> None:
-    port = procs.free_port()
+    port = free_port()
     first = server(port)
     h = handler(port)
     info = h.next_rendezvous()
@@ -92,7 +94,7 @@ def test_reconnects_to_a_new_empty_store_and_restores_the_round() -> None:
 
 
 def test_the_second_agent_back_adopts_the_state_the_first_wrote() -> None:
-    port = procs.free_port()
+    port = free_port()
     first = server(port)
     a, b = handler(port), handler(port)
     a.next_rendezvous()
