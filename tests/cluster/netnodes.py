@@ -142,32 +142,39 @@ def kill_pids(pids: set[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def clone_images(sockets: dict[int, Path], roots: dict[int, Path], restart: object) -> None:
+def clone_images(sockets: dict[int, Path], roots: dict[int, Path], restart: object, *, source: Path | None = None,
+                 also: tuple[Path, ...] = ()) -> None:
     """Give nodes 1.. node 0's images without storing them again: with every containerd stopped (their bolt
     databases closed), copy node 0's metadata databases and hard-link its snapshot and content trees. Layers are
     never written in place (containers write to their own upper directories), so sharing inodes is safe. Refused
-    while any node has containers: the copied metadata would carry node 0's, or drop node K's."""
+    while any node has containers: the copied metadata would carry node 0's, or drop node K's. ``source``: copy
+    from there to every node instead (a saved copy, node_images.restore); ``also``: more destinations (the saved
+    copy itself, node_images.save)."""
     for k, sock in sockets.items():
         busy = h.run("ctr", "--address", str(sock), "-n", "k8s.io", "containers", "ls", "-q", check=False).split()
         if busy:
             raise StartError(f"node {k} already has {len(busy)} containers: import images into a multi-node "
                              "cluster before anything runs on it (or use NODES=1)")
+    src = source or roots[0]
     restart(stop=True)  # type: ignore[operator]
     try:
-        src = roots[0]
-        for k, dst in roots.items():
-            if k == 0:
-                continue
-            for sub in IMAGE_DIRS:
-                shutil.rmtree(dst / sub, ignore_errors=True)
-                if (src / sub).exists():
-                    h.run("cp", "-al", str(src / sub), str(dst / sub))
-            for db in src.rglob("*.db"):  # bolt files are written in place: real copies
-                target = dst / db.relative_to(src)
-                target.unlink(missing_ok=True)
-                shutil.copy2(db, target)
+        for dst in [*(r for r in roots.values() if r != src), *also]:
+            _link_tree(src, dst)
     finally:
         restart(stop=False)  # type: ignore[operator]
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """``dst``'s image directories become hard links of ``src``'s, its bolt databases real copies."""
+    for sub in IMAGE_DIRS:
+        shutil.rmtree(dst / sub, ignore_errors=True)
+        if (src / sub).exists():
+            dst.mkdir(parents=True, exist_ok=True)
+            h.run("cp", "-al", str(src / sub), str(dst / sub))
+    for db in src.rglob("*.db"):  # bolt files are written in place: real copies
+        target = dst / db.relative_to(src)
+        target.unlink(missing_ok=True)
+        shutil.copy2(db, target)
 
 
 def wait_nodes_ready(state: ClusterState, names: list[str], timeout: float = 120) -> None:

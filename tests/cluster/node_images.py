@@ -4,6 +4,7 @@ hard links (tests/cluster/netnodes.py clone_images), so each image's layers are 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ def import_images(directory: Path, tarballs: list[Path]) -> None:
     share(ns)
 
 
-def import_unpacked(directory: Path, image: str, archive: IO[bytes]) -> int:
+def import_unpacked(directory: Path, image: str, archive: IO[bytes], *, share_now: bool = True) -> int:
     """Import a `docker save` stream, unpack it into the overlayfs snapshotter now, then delete its layer blobs:
     the snapshots are all a container needs, and keeping both would hold a 6 GB image twice on a disk whose
     running low makes the kubelet evict pods and images (docs/e2e.md). Returns the bytes of blobs discarded.
@@ -49,7 +50,8 @@ def import_unpacked(directory: Path, image: str, archive: IO[bytes]) -> int:
     for digest in layers:
         algorithm, _, hexdigest = digest.partition(":")
         (blobs / algorithm / hexdigest).unlink(missing_ok=True)
-    share(ns)
+    if share_now:
+        share(ns)
     return sum(layers.values())
 
 
@@ -93,9 +95,10 @@ def restart_containerd(ns: NodeState, k: int, timeout: float = 60) -> None:
         time.sleep(0.2)
 
 
-def share(ns: NodeState) -> None:
-    """Nodes 1..: node 0's images, by hard links; every containerd restarts once (the kubelets reconnect)."""
-    if ns.nodes < 2:
+def share(ns: NodeState, *, source: Path | None = None, also: tuple[Path, ...] = ()) -> None:
+    """Nodes 1..: node 0's images, by hard links; every containerd restarts once (the kubelets reconnect).
+    ``source``/``also``: restore every node from a saved copy, or save one beside them (netnodes.clone_images)."""
+    if ns.nodes < 2 and source is None and not also:
         return
     t0 = time.monotonic()
     names = [_named("containerd", k) for k in range(ns.nodes)]
@@ -108,8 +111,44 @@ def share(ns: NodeState) -> None:
             restart_containerd(ns, k)
 
     netnodes.clone_images({k: ns.socket_of(k) for k in range(ns.nodes)},
-                          {k: ns.dir_of(k) / "containerd" / "root" for k in range(ns.nodes)}, restart)
+                          {k: ns.dir_of(k) / "containerd" / "root" for k in range(ns.nodes)}, restart,
+                          source=source, also=also)
     state = ClusterState.load(Path(ns.dir))
     assert state is not None
     netnodes.wait_nodes_ready(state, [ns.name_of(k) for k in range(ns.nodes)])
-    cp.log(f"images shared with nodes 1..{ns.nodes - 1} by hard links", t0)
+    what = "restored from a saved copy" if source else f"shared with nodes 1..{ns.nodes - 1} by hard links"
+    cp.log(f"images {what}{' and saved' if also else ''}", t0)
+
+
+def saved_images_key(ns: NodeState, image_ids: list[str]) -> str:
+    """What a saved copy of the nodes' images must match: the images to import (their IDs), what node 0 holds now
+    (pause and probe, from this session's build) and the containerd that wrote it."""
+    import hashlib
+
+    held = sorted(_ctr(ns, "images", "ls").splitlines()[1:])
+    version = _ctr(ns, "version")
+    return hashlib.sha256("\n".join([*image_ids, *held, version]).encode()).hexdigest()[:16]
+
+
+def restore(ns: NodeState, saved: Path) -> bool:
+    """Every node's images from a copy that ``save`` left (hard links, so no layer is written again): True when
+    there was one; False (nothing changed) otherwise, or when it is on another file system than the nodes."""
+    if not (saved / ".complete").exists():
+        return False
+    try:
+        share(ns, source=saved)
+    except (StartError, OSError, subprocess.CalledProcessError) as err:
+        cp.log(f"saved images at {saved} not usable ({err}); importing", time.monotonic())
+        return False
+    return True
+
+
+def save(ns: NodeState, saved: Path) -> None:
+    """Keep node 0's images at ``saved`` (hard links: nothing is stored twice while both exist) for the next
+    session's ``restore``; earlier saved copies beside it are removed (a 6 GB image is worth one copy)."""
+    for old in saved.parent.glob("*"):
+        if old != saved:
+            shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(saved, ignore_errors=True)
+    share(ns, also=(saved,))
+    (saved / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -15,9 +15,10 @@ from tests.conftest import Cluster, live_kubeconfig
 from tests.e2e.hostcheck import HostSnapshot
 
 REAL_NODE_LABEL = "ddpjob.io/real-node"
-#: Real nodes of the session's own cluster: node 0 for the operator, three for the node-fault tests
-#: (tests/e2e/test_nodes.py: two workers on two nodes, a third for the replacement).
-E2E_NODES = int(os.environ.get("DDPJOB_E2E_NODES", "4"))
+#: Real nodes of the session's own cluster: node 0 for the operator and the runs that fault no node, and two lanes
+#: of three for the node-fault tests (tests/e2e/test_nodes.py: two workers on two nodes, a third for the
+#: replacement), so two of them run at once (tests/e2e/background.py).
+E2E_NODES = int(os.environ.get("DDPJOB_E2E_NODES", "7"))
 
 
 @pytest.fixture(scope="session")
@@ -93,14 +94,14 @@ def _reference_run(env: Any) -> Any:
 @pytest.fixture(scope="session")
 def background(env: Any, request: pytest.FixtureRequest) -> Iterator[Any]:
     """The background runs (tests/e2e/background.py) of every selected test, started now, together."""
-    from tests.e2e.background import RUNS, Background, pinned
+    from tests.e2e.background import RUNS, Background, lanes, pinned
 
     RUNS.setdefault("reference", _reference_run)
     items = request.session.items
     names = {m.args[0] for item in items for m in item.iter_markers("background")}
     if any("reference" in getattr(item, "fixturenames", ()) for item in items):
         names.add("reference")
-    runs = Background(pinned(env), names)
+    runs = Background(pinned(env), names, lanes(env))
     try:
         yield runs
     finally:

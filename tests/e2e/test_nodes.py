@@ -7,7 +7,8 @@ nodes (tests/cluster/netnodes.py), checkpoints on a ReadWriteMany volume every n
 - drained (kubectl drain) under worker-1: SIGTERM, a checkpoint within the grace period, the replacement resumes
   from exactly that checkpoint.
 Every run must end bitwise equal to the uninterrupted run. Each prints the seconds from the fault to NotReady, to
-the replacement's start and to the first training step after the resume."""
+the replacement's start and to the first training step after the resume. Two of these run at once, each on a lane
+of three fault nodes of its own (tests/e2e/background.py)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from tests.cluster import netnodes
 from tests.conftest import Cluster, wait_for
 from tests.e2e import faults, results
 from tests.e2e import training as t
+from tests.e2e.background import Background, runs_in_background
 from tests.e2e.runs import JOB, Env, Run, Scenario, assert_same_model, run_job
 
 pytestmark = pytest.mark.timeout(900)
@@ -37,16 +38,6 @@ SPREAD = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": 
     "labelSelector": {"matchLabels": {"ddpjob.io/job-name": JOB, "ddpjob.io/replica-type": "worker"}},
     "topologyKey": "kubernetes.io/hostname"}]}}
 PREEMPTED_RE = re.compile(r"preempted: checkpoint step-(\d+) written")
-
-
-@pytest.fixture(scope="module")
-def nodes_env(env: Env) -> Env:
-    """Jobs on the network-namespace nodes only (node 0 runs the operator and is never taken down)."""
-    names = env.cluster.kubectl("get", "nodes", "-l", f"{netnodes.LABEL}=true", "-o", "name").stdout.split()
-    if len(names) < 3 or not _cluster_dir(env.cluster).joinpath("node", "state.json").exists():
-        pytest.skip(f"needs the local multi-node cluster with 3 network-namespace nodes (found {len(names)}): "
-                    "make cluster-up NODE=real NODES=4, or no KUBECONFIG")
-    return Env(env.cluster, {netnodes.LABEL: "true"})
 
 
 def _cluster_dir(cluster: Cluster) -> Path:
@@ -172,35 +163,60 @@ def _report(label: str, run: Run, reference: Run, *, trained_through: bool = Fal
     return row
 
 
-def _run(nodes_env: Env, label: str, scenario: Scenario) -> Run:
-    return run_job(nodes_env, label, scenario, run_policy=POLICY, access_mode="ReadWriteMany",
+def _run(lane: Env, label: str, scenario: Scenario) -> Run:
+    return run_job(lane, label, scenario, run_policy=POLICY, access_mode="ReadWriteMany",
                    pod_spec={"tolerations": TOLERATIONS, "affinity": SPREAD})
 
 
-def test_node_of_a_worker_lost(nodes_env: Env, reference: Run) -> None:
-    run = _run(nodes_env, "node-lost-worker", node_fault("worker-1", "power_off"))
+# Each run takes down a node of its lane (tests/e2e/background.py): two run at once, on nodes of their own.
+@runs_in_background("node-lost-worker", lane=True)
+def node_lost_worker_run(lane: Env) -> Run:
+    return _run(lane, "node-lost-worker", node_fault("worker-1", "power_off"))
+
+
+@runs_in_background("node-lost-rdzv", lane=True)
+def node_lost_rdzv_run(lane: Env) -> Run:
+    return _run(lane, "node-lost-rdzv", node_fault("rdzv", "power_off"))
+
+
+@runs_in_background("partition", lane=True)
+def partition_run(lane: Env) -> Run:
+    return _run(lane, "partition", node_fault("worker-1", "partition"))
+
+
+@runs_in_background("drain", lane=True)
+def drain_run(lane: Env) -> Run:
+    return _run(lane, "drain", drain_node)
+
+
+@pytest.mark.background("node-lost-worker")
+def test_node_of_a_worker_lost(background: Background, reference: Run) -> None:
+    run = background.result("node-lost-worker")
     _report("node-lost-worker", run, reference)
     assert_same_model(run, reference)
 
 
-def test_node_of_the_rendezvous_lost(nodes_env: Env, reference: Run) -> None:
+@pytest.mark.background("node-lost-rdzv")
+def test_node_of_the_rendezvous_lost(background: Background, reference: Run) -> None:
     """The store's node is powered off: the group trains through (no restart, no resume), the agents reconnect to
     the new store on another node, and that is one incident, recovered."""
-    run = _run(nodes_env, "node-lost-rdzv", node_fault("rdzv", "power_off"))
+    run = background.result("node-lost-rdzv")
     _report("node-lost-rdzv", run, reference, trained_through=True)
     incidents = run.status.get("incidents") or []
     assert [(i["cause"], i["outcome"]) for i in incidents] == [("RendezvousLost", "Recovered")], incidents
     assert_same_model(run, reference)
 
 
-def test_partitioned_node_is_fenced(nodes_env: Env, reference: Run) -> None:
-    run = _run(nodes_env, "partition", node_fault("worker-1", "partition"))
+@pytest.mark.background("partition")
+def test_partitioned_node_is_fenced(background: Background, reference: Run) -> None:
+    run = background.result("partition")
     _report("partition", run, reference)
     assert_same_model(run, reference)
 
 
-def test_drain_resumes_from_the_sigterm_checkpoint(nodes_env: Env, reference: Run) -> None:
-    run = _run(nodes_env, "drain", drain_node)
+@pytest.mark.background("drain")
+def test_drain_resumes_from_the_sigterm_checkpoint(background: Background, reference: Run) -> None:
+    run = background.result("drain")
     _report("drain", run, reference)
     lost_at = run.extra["lost_at"]
     saved = [int(m[1]) for when, _, line in run.logs.lines if when >= lost_at and (m := PREEMPTED_RE.search(line))]

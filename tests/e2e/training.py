@@ -75,13 +75,14 @@ def image_id(image: str) -> str:
 def stream_import(cluster_dir: Path, image: str) -> int:
     """`docker save IMAGE | ctr images import -` into the node's containerd (k8s.io namespace), with no tarball on
     disk and the layer blobs dropped once unpacked (the worker image is ~6 GB;
-    tests.cluster.node_images.import_unpacked). Returns the bytes discarded."""
+    tests.cluster.node_images.import_unpacked). Returns the bytes discarded. Not yet shared with nodes 1..
+    (import_images does that once, for every image)."""
     from tests.cluster.node_images import import_unpacked
 
     save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE)
     assert save.stdout is not None
     try:
-        discarded = import_unpacked(cluster_dir, image, save.stdout)
+        discarded = import_unpacked(cluster_dir, image, save.stdout, share_now=False)
     finally:  # an import error propagates as it is (docker save then only died of the closed pipe)
         save.stdout.close()
         save.wait()
@@ -92,27 +93,41 @@ def stream_import(cluster_dir: Path, image: str) -> int:
 
 def import_images(cluster_dir: Path, images: list[str]) -> None:
     """Put the images into the local real node's containerd. A stamp in the cluster directory (whose containerd
-    lives and dies with it) skips images already imported with the same ID."""
+    lives and dies with it) skips images already imported with the same ID. A fresh cluster takes every node's
+    images from the copy the last import saved outside the repo, when it holds these very images (the 6 GB worker
+    image then costs seconds, not two minutes); otherwise it imports them and saves that copy."""
+    from tests.cluster import node_images
     from tests.cluster.node import NodeState
 
     ns = NodeState.load(cluster_dir.resolve())
+    assert ns is not None, f"no real node in {cluster_dir}"
     # Keyed by node 0's kubelet PID: a stamp left by an earlier node in the same directory never counts (the
     # containerds restart when images are shared with more nodes, the kubelet does not).
-    node = f"kubelet-{ns.pids.get('kubelet') if ns else None}"
+    node = f"kubelet-{ns.pids.get('kubelet')}"
     stamp = cluster_dir / "e2e-images.json"
     done: dict[str, str] = json.loads(stamp.read_text()) if stamp.exists() else {}
     if done.get("node") != node:
         done = {"node": node}
-    for image in images:
-        if done.get(image) == image_id(image):
-            log(f"{image} already imported into the real node")
-            continue
-        t0 = time.monotonic()
-        discarded = stream_import(cluster_dir, image)
-        done[image] = image_id(image)
-        stamp.write_text(json.dumps(done))
-        log(f"imported {image} into the real node ({time.monotonic() - t0:.0f}s; "
-            f"{discarded / 1e9:.1f} GB of unpacked layer blobs discarded)")
+    todo = [image for image in images if done.get(image) != image_id(image)]
+    if not todo:
+        log(f"{', '.join(images)} already imported into the real node")
+        return
+    cache = Path(os.environ.get("DDPJOB_CACHE", Path.home() / ".cache" / "ddpjob")) / "node-images"
+    saved = cache / node_images.saved_images_key(ns, [image_id(i) for i in images])
+    t0 = time.monotonic()
+    if todo == images and node_images.restore(ns, saved):
+        log(f"{', '.join(images)} restored into the real nodes from {saved} ({time.monotonic() - t0:.0f}s)")
+    else:
+        for image in todo:
+            t1 = time.monotonic()
+            discarded = stream_import(cluster_dir, image)
+            log(f"imported {image} into the real node ({time.monotonic() - t1:.0f}s; "
+                f"{discarded / 1e9:.1f} GB of unpacked layer blobs discarded)")
+        if todo == images:
+            node_images.save(ns, saved)
+        else:
+            node_images.share(ns)
+    stamp.write_text(json.dumps({**done, **{image: image_id(image) for image in images}}))
 
 
 # --- operator -----------------------------------------------------------------------------------------------------
