@@ -4,7 +4,7 @@
 #      tests never exercise stale images; a warm run rebuilds only the code layer (seconds).
 #   2. tests/images: both images under Docker (non-root, no build tools, the worker trains, the operator
 #      answers /healthz against a local control plane).
-#   3. tests/e2e: a local control plane with 4 real nodes (containerd, kubelet, kube-proxy; CoreDNS), the images
+#   3. tests/e2e: a local control plane with 7 real nodes (containerd, kubelet, kube-proxy; CoreDNS), the images
 #      imported into it, the Helm-installed operator, DDP training with kill -9 and pod deletions.
 # A dockerd that step 1 started is stopped at the end, so a CI run leaves no process behind; one that was
 # already running (`make images` earlier, or the machine's own) is left alone.

@@ -103,6 +103,52 @@ fi
 
 n=${#tools[@]} k=0 built=0
 mkdir -p "$CACHE/bin" "$CACHE/logs" "$CACHE/src"
+
+# srcdir MODULE VERSION: the throwaway module's directory (one per module and version: kubelet shares the
+# kube-apiserver's).
+srcdir() { echo "$CACHE/src/${1//\//_}-$2"; }
+
+# replaces_of MODULE VERSION: the replace directives its throwaway module needs.
+replaces_of() {
+  local mod=$1 ver=$2 s spk
+  if [ "$mod" = k8s.io/kubernetes ]; then
+    for s in "${k8s_staging[@]}"; do echo "k8s.io/$s => k8s.io/$s v0.${ver#v1.}"; done
+  elif [ "$mod" = sigs.k8s.io/scheduler-plugins ]; then
+    # Its own go.mod's replaces do not apply to a module that requires it: repeat them, at the served patch.
+    spk=$SCHEDULER_PLUGINS_K8S_VERSION
+    for s in "${k8s_staging[@]}"; do echo "k8s.io/$s => k8s.io/$s v0.${spk#v1.}"; done
+    echo "k8s.io/kubernetes => k8s.io/kubernetes $spk"
+  fi
+}
+
+# The module downloads of every tool still to build, one module after another in the background: on a cold
+# cache they are minutes of waiting on the network per tool, which now pass while the first tool compiles.
+# A build starts only once its own module is downloaded (a marker), so the two never write one go.mod at once.
+prefetch=()
+for entry in "${tools[@]}"; do
+  IFS='|' read -r name ver mod pkg kind <<<"$entry"
+  [ -x "$CACHE/bin/$name-$ver/$name" ] && continue
+  src=$(srcdir "$mod" "$ver")
+  rm -f "$src/.fetched"
+  mapfile -t replaces < <(replaces_of "$mod" "$ver")
+  gomodule "$src" "$mod" "$ver" "${replaces[@]}"
+  prefetch+=("$src|$mod|$pkg")
+done
+fetch_pid=
+if [ ${#prefetch[@]} -gt 0 ]; then
+  (
+    for item in "${prefetch[@]}"; do
+      IFS='|' read -r src mod pkg <<<"$item"
+      [ -f "$src/.fetched" ] && continue
+      (cd "$src" && go mod download "$mod" && go list -mod=mod -deps "$pkg" >/dev/null) \
+        >"$CACHE/logs/fetch-${src##*/}.log" 2>&1
+      touch "$src/.fetched"  # also after a failure: the build then downloads, and shows the error itself
+    done
+  ) &
+  fetch_pid=$!
+  trap '[ -n "$fetch_pid" ] && kill "$fetch_pid" 2>/dev/null' EXIT
+fi
+
 for entry in "${tools[@]}"; do
   IFS='|' read -r name ver mod pkg kind <<<"$entry"
   k=$((k + 1))
@@ -112,17 +158,8 @@ for entry in "${tools[@]}"; do
     continue
   fi
   say "[$k/$n] $name $ver: building from $mod (a cold build on 2 cores takes minutes)"
-  src="$CACHE/src/${mod//\//_}-$ver"
-  replaces=()
-  if [ "$mod" = k8s.io/kubernetes ]; then
-    for s in "${k8s_staging[@]}"; do replaces+=("k8s.io/$s => k8s.io/$s v0.${ver#v1.}"); done
-  elif [ "$mod" = sigs.k8s.io/scheduler-plugins ]; then
-    # Its own go.mod's replaces do not apply to a module that requires it: repeat them, at the served patch.
-    spk=$SCHEDULER_PLUGINS_K8S_VERSION
-    for s in "${k8s_staging[@]}"; do replaces+=("k8s.io/$s => k8s.io/$s v0.${spk#v1.}"); done
-    replaces+=("k8s.io/kubernetes => k8s.io/kubernetes $spk")
-  fi
-  gomodule "$src" "$mod" "$ver" "${replaces[@]}"
+  src=$(srcdir "$mod" "$ver")
+  while [ ! -f "$src/.fetched" ] && kill -0 "$fetch_pid" 2>/dev/null; do sleep 1; done
   ldflags="-s -w"
   [ "$kind" = k8s ] && ldflags=$(k8s_ldflags)
   if [ "$name" = etcd ]; then

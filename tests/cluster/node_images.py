@@ -126,8 +126,9 @@ def saved_images_key(ns: NodeState, image_ids: list[str]) -> str:
     import hashlib
 
     held = sorted(_ctr(ns, "images", "ls").splitlines()[1:])
-    version = _ctr(ns, "version")
-    return hashlib.sha256("\n".join([*image_ids, *held, version]).encode()).hexdigest()[:16]
+    # Not all of `ctr version`: its server UUID is new with every containerd root, so every session's key differed.
+    version = [line for line in _ctr(ns, "version").splitlines() if "UUID" not in line]
+    return hashlib.sha256("\n".join([*image_ids, *held, *version]).encode()).hexdigest()[:16]
 
 
 def restore(ns: NodeState, saved: Path) -> bool:
