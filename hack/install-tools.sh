@@ -146,7 +146,8 @@ if [ ${#prefetch[@]} -gt 0 ]; then
     done
   ) &
   fetch_pid=$!
-  trap '[ -n "$fetch_pid" ] && kill "$fetch_pid" 2>/dev/null' EXIT
+  # Keeps the script's own exit status (set -e also holds in the trap: a failed kill of a finished prefetch would end it with 1).
+  trap 'rc=$?; kill "$fetch_pid" 2>/dev/null || true; exit $rc' EXIT
 fi
 
 for entry in "${tools[@]}"; do
