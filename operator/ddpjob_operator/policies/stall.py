@@ -132,13 +132,11 @@ def _stepping(clock: Clock, limit: int, waiting: str, now: datetime) -> Verdict:
                                                f"after progressDeadlineSeconds ({limit}s) without one")
     silent = (f"no step for {int((now - clock.last_step).total_seconds())}s (progressDeadlineSeconds {limit}) "
               f"since step {clock.step} at {format_time(clock.last_step)}")
-    if waiting:
-        return Verdict(Stall(PODS_PENDING, f"{silent}: waiting for pods to run: {waiting}", False), None)
     msg = (f"training stopped after step {clock.step} ({_source_words(clock.source)}) at "
            f"{format_time(clock.last_step)}: no step for {int((now - clock.last_step).total_seconds())}s "
            f"(progressDeadlineSeconds {limit}): a silent rank (a hung process holds every other rank in a "
            "collective); see the workers' logs")
-    return Verdict(Stall(PROGRESS_STOPPED, msg, True), None)
+    return _past_due(silent, waiting, PROGRESS_STOPPED, msg)
 
 
 def _starting(clock: Clock, limit: int, waiting: str, visible: bool, now: datetime) -> Verdict:
@@ -159,12 +157,18 @@ def _starting(clock: Clock, limit: int, waiting: str, visible: bool, now: dateti
                                                f"{format_time(due)} (startupDeadlineSeconds {limit})")
     silent = (f"no step since the group started at {since}: {int((now - clock.group_start).total_seconds())}s, "
               f"past the start-up allowance (startupDeadlineSeconds {limit})")
-    if waiting:
-        return Verdict(Stall(PODS_PENDING, f"{silent}: waiting for pods to run: {waiting}", False), None)
     msg = (f"{silent}: every worker runs, stuck in start-up (rendezvous, DNS of the rendezvous host, loading data "
            "or a model; a script that steps no torch.optim optimizer must report with ProgressReporter); see the "
            "workers' logs")
-    return Verdict(Stall(NO_PROGRESS_SINCE_START, msg, True), None)
+    return _past_due(silent, waiting, NO_PROGRESS_SINCE_START, msg)
+
+
+def _past_due(silent: str, waiting: str, reason: str, msg: str) -> Verdict:
+    """A deadline passed: a stall ``onStall`` applies to when every pod runs; while some still wait to run, one
+    that only says so (restarting the group would not make them run)."""
+    if waiting:
+        return Verdict(Stall(PODS_PENDING, f"{silent}: waiting for pods to run: {waiting}", False), None)
+    return Verdict(Stall(reason, msg, True), None)
 
 
 def check(status: Mapping[str, Any], workers: Sequence[PodView], rendezvous: Sequence[PodView], replicas: int,
