@@ -156,7 +156,8 @@ if [ ${#prefetch[@]} -gt 0 ]; then
     done
   ) &
   fetch_pid=$!
-  # Keeps the script's own exit status (set -e also holds in the trap: a failed kill of a finished prefetch would end it with 1).
+  # Keeps the script's own exit status: set -e also holds in the trap, where a failed kill of a finished
+  # prefetch would end the script with 1.
   trap 'rc=$?; kill "$fetch_pid" 2>/dev/null || true; exit $rc' EXIT
 fi
 

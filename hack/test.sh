@@ -28,11 +28,11 @@ trap cleanup EXIT
 # they end, a background row would land between another phase's rows) and merged, marked, when it is waited for.
 beside() {
   local name=$1 log=$2; shift 2
+  rm -f ".out/$name.tsv"
   set -m
   DDPJOB_TIMINGS=".out/$name.tsv" "$@" >"$log" 2>&1 &
   set +m
   bg+=("$!")
-  rm -f ".out/$name.tsv"
 }
 merge() {  # merge NAME: its rows into the table, the top-level ones marked "*"
   [ -n "${DDPJOB_TIMINGS:-}" ] && [ -f ".out/$1.tsv" ] \
