@@ -13,12 +13,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY=${PY:-.venv/bin/python}
-PIDFILE=${DDPJOB_CACHE:-$HOME/.cache/ddpjob}/dockerd.pid
 
-# The same test as images.sh --stop: the recorded PID is alive and is a dockerd (not a reused PID).
-ours_alive() { [ -f "$PIDFILE" ] && [ "$(ps -o comm= -p "$(cat "$PIDFILE")" 2>/dev/null)" = dockerd ]; }
-if ours_alive; then keep_dockerd=1; else keep_dockerd=0; fi
-cleanup() { if [ "$keep_dockerd" = 0 ] && ours_alive; then bash hack/images.sh --stop; fi; }
+if bash hack/images.sh --running; then keep_dockerd=1; else keep_dockerd=0; fi
+cleanup() { if [ "$keep_dockerd" = 0 ] && bash hack/images.sh --running; then bash hack/images.sh --stop; fi; }
 trap cleanup EXIT
 
 # Fail now, with the fix, rather than 10 minutes in: while importing, the real node holds the 6 GB worker image

@@ -4,6 +4,7 @@
 #
 #   hack/images.sh            install docker.io if missing, start dockerd if none runs, build both images
 #   hack/images.sh --stop     stop the dockerd this script started (never one it did not start)
+#   hack/images.sh --running  exit 0 when a dockerd this script started runs (hack/e2e.sh, hack/test.sh)
 #
 # Steps, each cached so a warm run only re-checks them:
 #   1. docker.io from Debian (apt-get) when `dockerd` is missing.
@@ -39,6 +40,11 @@ started_dockerd() {
     && [ "$(ps -o comm= -p "$(cat "$PIDFILE")")" = dockerd ]
 }
 
+if [ "${1:-}" = "--running" ]; then
+  started_dockerd
+  exit
+fi
+
 if [ "${1:-}" = "--stop" ]; then
   if started_dockerd; then
     pid=$(cat "$PIDFILE")
@@ -70,8 +76,10 @@ fi
 # 2. The daemon.
 if ! "$DOCKER" info >/dev/null 2>&1; then
   log "starting dockerd (log: $CACHE/dockerd.log, pid file: $PIDFILE)"
-  # setsid: the daemon must outlive this script and not get the terminal's signals.
-  setsid dockerd --iptables=false --ip-forward=false ${DDPJOB_DOCKER_ROOT:+--data-root "$DDPJOB_DOCKER_ROOT"} \
+  # setsid: the daemon must outlive this script and not get the terminal's signals. At normal CPU and I/O
+  # priority whatever this script's (hack/test.sh runs it at the lowest, beside test-fast): the daemon outlives
+  # that, and the e2e tier's image import and tests/images go through it.
+  nice -n "$(( -$(nice) ))" ionice -c 2 -n 4 setsid dockerd --iptables=false --ip-forward=false ${DDPJOB_DOCKER_ROOT:+--data-root "$DDPJOB_DOCKER_ROOT"} \
     >"$CACHE/dockerd.log" 2>&1 </dev/null &
   echo $! >"$PIDFILE"
   for _ in $(seq 120); do "$DOCKER" info >/dev/null 2>&1 && break; sleep 0.5; done

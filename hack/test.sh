@@ -7,20 +7,18 @@
 #      (their waits are timed). `make e2e` then finds it all cached, or builds what the background could not.
 # A warm run costs the same as before: every step is then a cache check. Rows of what ran beside another phase
 # end in "*" in the timing table (hack/timings.py) and are not in its sum.
-# Environment: DDPJOB_TIMINGS (the timing table's file), MAKE (default make), DDPJOB_CACHE.
+# Environment: DDPJOB_TIMINGS (the timing table's file), MAKE (default make).
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 MAKE=${MAKE:-make}
 mkdir -p .out
-PIDFILE=${DDPJOB_CACHE:-$HOME/.cache/ddpjob}/dockerd.pid
 
-ours_alive() { [ -f "$PIDFILE" ] && [ "$(ps -o comm= -p "$(cat "$PIDFILE")" 2>/dev/null)" = dockerd ]; }
-if ours_alive; then dockerd_before=1; else dockerd_before=0; fi
+if bash hack/images.sh --running; then dockerd_before=1; else dockerd_before=0; fi
 bg=()
 cleanup() {
   for pid in "${bg[@]}"; do kill -- "-$pid" 2>/dev/null; done
   # hack/e2e.sh stops a dockerd it started; the one step 2 started looked to it as if it was already running.
-  if [ "$dockerd_before" = 0 ] && ours_alive; then bash hack/images.sh --stop; fi
+  if [ "$dockerd_before" = 0 ] && bash hack/images.sh --running; then bash hack/images.sh --stop; fi
 }
 trap cleanup EXIT
 
@@ -58,12 +56,6 @@ $MAKE --no-print-directory test-fast
 fast_rc=$?
 wait "$setup_pid"; setup_rc=$?
 merge e2e-setup
-# dockerd inherited the background's priority; the e2e tier's image import should not wait behind everything.
-if [ "$dockerd_before" = 0 ] && ours_alive; then
-  for pid in $(cat "$PIDFILE") $(pgrep -P "$(cat "$PIDFILE")"); do
-    renice -n 0 -p "$pid" >/dev/null 2>&1; ionice -c 2 -n 4 -p "$pid" 2>/dev/null
-  done
-fi
 # Not fatal here: `make e2e` runs each step again in the foreground and fails there with the step's own error.
 [ "$setup_rc" = 0 ] || echo "[test] the e2e set-up beside test-fast failed (exit $setup_rc; .out/e2e-setup.log); make e2e retries it" >&2
 bg=()
