@@ -11,6 +11,9 @@ Load = checksum verify + ``torch.load`` (``Checkpointer.resume``), page cache ev
 pod restart on another node. Async stall = how long ``save`` blocks with ``async_save``: the first save allocates
 the staging buffers, later ones reuse them; "extra peak" is the process's peak memory above its resident size
 during a later asynchronous save and its background write.
+
+``--device cuda`` keeps the state on the GPU (a save then copies it to the host first: pinned staging buffers for
+an asynchronous one); ``--async-only`` skips the synchronous rows (an 8 GB state's dd and saves take minutes).
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ def sha256_speed(state: dict[str, torch.Tensor]) -> float:
     digest, size = hashlib.sha256(), 0
     start = time.perf_counter()
     for tensor in state.values():
-        digest.update(memoryview(tensor.numpy()).cast("B"))
+        digest.update(memoryview(tensor.cpu().numpy()).cast("B"))
         size += tensor.numel() * tensor.element_size()
     return size / (time.perf_counter() - start) / MB
 
@@ -116,11 +119,11 @@ def sha256_speed(state: dict[str, torch.Tensor]) -> float:
 class Blob(torch.nn.Module):
     """A model whose state is ``size`` bytes in 64 MB float32 buffers."""
 
-    def __init__(self, size: int) -> None:
+    def __init__(self, size: int, device: str) -> None:
         super().__init__()
-        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.w = torch.nn.Parameter(torch.zeros(1, device=device))
         for i in range(max(1, size // (64 * MB))):
-            self.register_buffer(f"b{i}", torch.rand(64 * MB // 4))
+            self.register_buffer(f"b{i}", torch.rand(64 * MB // 4, device=device))
 
 
 def checkpointer(directory: Path, model: torch.nn.Module, **config: bool | int) -> Checkpointer:
@@ -190,22 +193,29 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="directory on the disk to measure (default: a temp dir)")
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--repeats", type=int, default=3, help="best of N")
+    parser.add_argument("--device", default="cpu", help="where the state lives: cpu or cuda")
+    parser.add_argument("--async-only", action="store_true", help="only the asynchronous save's rows")
     args = parser.parse_args()
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)  # the temp dir inside it is removed afterwards, not the folder
     torch.set_num_threads(1)
     logging.getLogger("ddpjob").setLevel(logging.WARNING)  # one "saved" line per checkpoint would drown the table
-    print(f"load average at start: {load_average()}; torch {torch.__version__}; best of {args.repeats}")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
+    print(f"load average at start: {load_average()}; torch {torch.__version__}; best of {args.repeats}; "
+          f"state on {args.device} ({where})")
     rows = []
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         for mb in args.sizes_mb:
-            model = Blob(mb * MB)
-            rows.append((mb, sync_rows(Path(tmp), mb * MB, model, args.repeats),
+            model = Blob(mb * MB, args.device)
+            rows.append((mb, None if args.async_only else sync_rows(Path(tmp), mb * MB, model, args.repeats),
                          async_rows(Path(tmp), model, args.repeats)))
             del model
-    print(f"{'state':>8} | {'dd write':>9} | {'sync save (/dd)':>17} | {'no SHA-256 (/dd)':>17} | "
-          f"{'SHA-256':>9} | {'disk read':>9} | {'load (/read)':>16}")
+    if not args.async_only:
+        print(f"{'state':>8} | {'dd write':>9} | {'sync save (/dd)':>17} | {'no SHA-256 (/dd)':>17} | "
+              f"{'SHA-256':>9} | {'disk read':>9} | {'load (/read)':>16}")
     for mb, s, _ in rows:
+        if s is None:
+            continue
         print(f"{mb:>5} MB | {s['dd']:>4.0f} MB/s | {s['save']:>4.0f} MB/s ({s['save'] / s['dd']:>4.0%}) | "
               f"{s['plain']:>4.0f} MB/s ({s['plain'] / s['dd']:>4.0%}) | {s['sha']:>4.0f} MB/s | "
               f"{s['read']:>4.0f} MB/s | {s['load']:>4.0f} MB/s ({s['load'] / s['read']:>4.0%})")

@@ -271,6 +271,8 @@ def _kill_one_worker(agents: list[Agent], console: Console) -> bool:
         pids = procs.training_processes(a.proc.pid) if a.proc and a.exit_code is None else []
         if pids:
             os.kill(pids[0], 9)
-            console.print(f"[magenta]--kill-after: SIGKILLed worker {a.index}'s training process {pids[0]}")
+            at = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S,%f")[:-3]  # the worker logs' format
+            console.print(f"[magenta]--kill-after: SIGKILLed worker {a.index}'s training process {pids[0]} at {at}",
+                          highlight=False)
             return True
     return False

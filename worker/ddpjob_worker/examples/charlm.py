@@ -113,7 +113,10 @@ def setup_distributed() -> torch.device:
         device, backend = torch.device("cpu"), "gloo"
     # A short collective timeout: a dead peer is then an error within a minute (and a torchrun restart),
     # not a 30-minute hang.
-    dist.init_process_group(backend, timeout=timedelta(seconds=120))
+    # device_id binds the NCCL communicator to this rank's GPU at once (torch otherwise guesses it at the first
+    # barrier, with a warning, as the first GPU run showed).
+    dist.init_process_group(backend, timeout=timedelta(seconds=120),
+                            device_id=device if device.type == "cuda" else None)
     return device
 
 
