@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import kopf
 
-from ddpjob_operator import metrics, podwatch, resync
+from ddpjob_operator import kueue_io, metrics, podwatch, resync
 from ddpjob_operator import reconcile as planner
 from ddpjob_operator import status as st
 from ddpjob_operator.apply import apply_plan
@@ -25,6 +25,7 @@ from ddpjob_operator.kube import Kube, NamespaceTerminating, Rejected
 from ddpjob_operator.memory import JobMemory, backoff
 from ddpjob_operator.observed import PodView, count, truncate
 from ddpjob_operator.policies import status_writes
+from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
 from ddpjob_operator.workqueue import WorkQueue
 
 log = logging.getLogger("ddpjob.controller")
@@ -202,6 +203,7 @@ class Controller:
             node_ready=await self._node_readiness(body, pods, now), restarts_floor=mem.restarts_floor,
             incidents_floor=mem.incidents_floor, first_pass=mem.passes == 0, routine_since=mem.routine_since,
             routine_wait=status_writes.interval(len(self.queue), WORKERS),
+            kueue=await self._kueue_inputs(body, key, mem),
         )
         plan = planner.plan(body, observed, now)
         try:
@@ -210,6 +212,8 @@ class Controller:
                 answered = planner.plan(body, dataclasses.replace(observed, problems=dict(mem.problems)), now)
                 plan.status, plan.patch, plan.status_held = answered.status, answered.patch, answered.status_held
                 plan.events += [e for e in answered.events if e not in plan.events]
+            if plan.workload_writes:  # after the pod deletes: an evicted job's quota goes back once none is active
+                await kueue_io.write(self.kube, key[0], plan.workload_writes, now)
         except Rejected as err:
             plan = self._rejected_plan(body, plan, err, now)
         self._log(key, plan)
@@ -284,6 +288,15 @@ class Controller:
         return planner.Plan(
             job=plan.job, status=new, patch=st.status_patch(old, new), events=st.transition_events(old, new)
         )
+
+    async def _kueue_inputs(self, body: Mapping[str, Any], key: Key, mem: JobMemory) -> planner.KueueInputs:
+        """A queued job's priority class and admitted flavors (kueue_io); nothing for an invalid job."""
+        assert self.kube is not None
+        try:
+            job = parse_ddpjob(body)
+        except InvalidSpec:
+            return planner.KueueInputs()
+        return await kueue_io.read_inputs(self.kube, job, self.cache.children(key), mem)
 
     async def _node_readiness(
         self, body: Mapping[str, Any], pods: list[PodView], now: datetime

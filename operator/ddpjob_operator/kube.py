@@ -44,6 +44,7 @@ _PLURALS = {
     "RoleBinding": "rolebindings",
     "NetworkPolicy": "networkpolicies",
     "PodGroup": "podgroups",
+    "Workload": "workloads",
 }
 #: apiVersion of every kind of a job's children: the kinds the operator watches and the resync lists. The
 #: namespace's worker identity (ServiceAccount, Role, RoleBinding) is not a job's child: identity.py.
@@ -53,10 +54,17 @@ API_VERSIONS = {
     "PersistentVolumeClaim": "v1",
     "NetworkPolicy": "networking.k8s.io/v1",
     "PodGroup": "scheduling.x-k8s.io/v1alpha1",
+    "Workload": "kueue.x-k8s.io/v1beta2",
 }
-#: Kinds of another project's CRD (scheduler-plugins' PodGroup): the operator runs without it, and a job that
-#: needs it says so in its status.
-OPTIONAL_KINDS = frozenset({"PodGroup"})
+#: Kinds of another project's CRD (scheduler-plugins' PodGroup, Kueue's Workload): the operator runs without
+#: them, and a job that needs one says so in its status, with the fix.
+OPTIONAL_KINDS = frozenset({"PodGroup", "Workload"})
+_INSTALL_HINTS = {
+    "PodGroup": "install scheduler-plugins with the coscheduling plugin, docs/scheduling.md, or remove "
+                "spec.scheduling.gang",
+    "Workload": "install Kueue (v0.17 or later) with DDPJob.v1alpha1.ddpjob.io in integrations.externalFrameworks, "
+                "docs/scheduling.md, or remove the kueue.x-k8s.io/queue-name label",
+}
 
 
 def watch_resource(kind: str, api_version: str | None = None) -> str:
@@ -93,6 +101,8 @@ PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("rbac.authorization.k8s.io", "rolebindings"): ("get", "list", "watch", "create"),
     ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch", "create"),
     ("scheduling.x-k8s.io", "podgroups"): ("get", "list", "watch", "create"),
+    ("kueue.x-k8s.io", "workloads"): ("get", "list", "watch", "create"),
+    ("kueue.x-k8s.io", "workloads/status"): ("patch",),
     ("", "events"): ("create",),
 }
 #: Cluster-scoped reads (a ClusterRole even when the operator watches only some namespaces).
@@ -100,6 +110,8 @@ CLUSTER_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("", "nodes"): ("get",),
     ("", "namespaces"): ("list", "watch"),
     ("apiextensions.k8s.io", "customresourcedefinitions"): ("list", "watch"),
+    ("kueue.x-k8s.io", "resourceflavors"): ("get",),
+    ("kueue.x-k8s.io", "workloadpriorityclasses"): ("get",),
 }
 
 
@@ -203,8 +215,7 @@ class Kube:
             return Created(refused=Problem(
                 kind=obj["kind"], name=meta["name"], conflict=False, reason="CRDNotInstalled",
                 message=f"the {obj['kind']} API ({obj['apiVersion']}) is not served: its CRD is not installed (fix: "
-                        "install scheduler-plugins with the coscheduling plugin, docs/scheduling.md, or remove "
-                        "spec.scheduling.gang)"))
+                        f"{_INSTALL_HINTS[obj['kind']]})"))
         except (kopf_errors.APIUnprocessableEntityError, kopf_errors.APIClientError) as err:
             if err.status in (400, 422):
                 raise Rejected(obj["kind"], meta["name"], err.message or str(err)) from err
@@ -268,6 +279,24 @@ class Kube:
         }
         with contextlib.suppress(kopf_errors.APINotFoundError, kopf_errors.APIConflictError):
             await self._call("delete", f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}/{name}", options)
+
+    async def get_cluster_scoped(self, api_version: str, plural: str, name: str) -> Obj | None:
+        """A cluster-scoped object (a Kueue ResourceFlavor or WorkloadPriorityClass), or None if it is missing."""
+        try:
+            return await self._call("get", f"/apis/{api_version}/{plural}/{name}")
+        except kopf_errors.APINotFoundError:
+            return None
+
+    async def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
+        """Merge-patch a Kueue Workload's status (conditional on the resourceVersion in ``patch``); False when it
+        is gone or changed meanwhile (the next pass looks again)."""
+        url = f"{collection_url(API_VERSIONS['Workload'], 'Workload', namespace)}/{name}/status"
+        url += f"?fieldManager={FIELD_MANAGER}"
+        try:
+            await self._call("patch", url, dict(patch), "application/merge-patch+json")
+        except (kopf_errors.APINotFoundError, kopf_errors.APIConflictError):
+            return False
+        return True
 
     async def node_ready(self, name: str) -> bool:
         """Whether node ``name`` reports Ready=True (a missing node is not ready)."""

@@ -47,6 +47,10 @@ class JobMemory:
     errors: int = 0
     passes: int = 0
     """Passes completed by this process (0: the first, which may find pods lost while the operator was down)."""
+    priority: tuple[str, int | None] | None = None
+    """Kueue: the job's WorkloadPriorityClass as last read (name, value; None: it does not exist)."""
+    flavors: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Kueue: the ResourceFlavors of the job's current admission (read once per admission)."""
     routine_since: datetime | None = None
     """When a pass first held back a routine status change that is not written yet (status_writes)."""
 

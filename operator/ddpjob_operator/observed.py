@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ddpjob_operator import names
+from ddpjob_operator.kueue import WORKLOAD, WorkloadView
 from ddpjob_operator.spec import WORKER_CONTAINER
 
 #: Longest termination message copied into a condition or Event (the kubelet caps it at 4 KiB anyway;
@@ -176,7 +177,8 @@ def _waiting(status: Mapping[str, Any], state: Mapping[str, Any]) -> str:
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class ChildView:
-    """A non-pod child (Service, ServiceAccount, Role, RoleBinding, PVC, NetworkPolicy) as the planner sees it."""
+    """A non-pod child (Service, ServiceAccount, Role, RoleBinding, PVC, NetworkPolicy, PodGroup, Workload) as the
+    planner sees it."""
 
     kind: str
     name: str
@@ -185,6 +187,8 @@ class ChildView:
     job_label: str = ""
     deleting: bool = False
     resource_version: int = 0
+    workload: WorkloadView | None = None
+    """A Kueue Workload's conditions and admission (None for every other kind)."""
 
     @classmethod
     def from_object(cls, obj: Mapping[str, Any], kind: str) -> ChildView:
@@ -198,4 +202,5 @@ class ChildView:
             job_label=str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME) or ""),
             deleting=bool(meta.get("deletionTimestamp")),
             resource_version=count(meta.get("resourceVersion")),
+            workload=WorkloadView.from_object(obj) if kind == WORKLOAD else None,
         )

@@ -1,6 +1,6 @@
 """The pure planner: a DDPJob, what the operator observes of its children, and the time in; the actions that
-converge it out. It composes the policies (policies/): children, failure, incidents, stall, pods, and the run
-policies (deadline, success, suspend, ttl), each of which returns a decision.
+converge it out. It composes the policies (policies/): children, failure, incidents, stall, pods, queueing (Kueue,
+through admission.py), and the run policies (deadline, success, suspend, ttl), each of which returns a decision.
 
 Level-based and idempotent: the plan depends only on what is observed (plus the DDPJob's own status), so a pass
 repeated after a crash, a stale read or a lost watch event plans the same actions again, and every action is
@@ -14,10 +14,12 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from ddpjob_operator import builders, names
+from ddpjob_operator import admission, builders, kueue, names
 from ddpjob_operator import status as st
+from ddpjob_operator.admission import KueueInputs, WorkloadWrite
 from ddpjob_operator.aux_conditions import aux_conditions
-from ddpjob_operator.observed import ChildView, PodView, format_time, parse_time, truncate
+from ddpjob_operator.observed import PodView, format_time, parse_time, truncate
+from ddpjob_operator.planning import Observed, Plan
 from ddpjob_operator.policies import (
     children,
     deadline,
@@ -31,7 +33,6 @@ from ddpjob_operator.policies import (
     suspend,
     ttl,
 )
-from ddpjob_operator.policies.children import ChildKey, Problem
 from ddpjob_operator.policies.pods import DeletePod, Replacement
 from ddpjob_operator.spec import DDPJob, InvalidSpec, parse_ddpjob
 
@@ -46,62 +47,7 @@ _STARTS_OVER = ("; this job has no checkpoint claim, so its checkpoints live on 
                 "with them: training starts over from step 0 (set spec.checkpoint.volumeClaim or existingClaim to "
                 "resume after a restart)")
 
-__all__ = ["DeletePod", "Observed", "Plan", "Replacement", "plan"]
-
-
-@dataclasses.dataclass(kw_only=True)
-class Plan:
-    """Everything one pass should do, in order: ensure children, delete pods, create pods, write status,
-    emit events."""
-
-    job: DDPJob | None = None
-    status: Obj = dataclasses.field(default_factory=dict)
-    patch: Obj = dataclasses.field(default_factory=dict)
-    ensure: list[Obj] = dataclasses.field(default_factory=list)
-    delete_pods: list[DeletePod] = dataclasses.field(default_factory=list)
-    create_pods: list[Obj] = dataclasses.field(default_factory=list)
-    replacements: list[Replacement] = dataclasses.field(default_factory=list)
-    new_incidents: list[str] = dataclasses.field(default_factory=list)
-    """Causes of the incidents opened this pass (for the metric)."""
-    losses: list[str] = dataclasses.field(default_factory=list)
-    """One log line per loss counted this pass."""
-    recovered: list[Obj] = dataclasses.field(default_factory=list)
-    """Incidents closed this pass, with their recovery clock (for the metric)."""
-    delete_job: bool = False
-    events: list[st.Event] = dataclasses.field(default_factory=list)
-    requeue_after: float | None = None
-    invalid: InvalidSpec | None = None
-    status_held: bool = False
-    """A routine status change waits for a later pass (status_writes)."""
-
-    def requeue_at(self, when: datetime | None, now: datetime) -> None:
-        """Ask for another pass at ``when`` (the earliest request wins)."""
-        if when is None:
-            return
-        delay = max(0.0, (when - now).total_seconds())
-        self.requeue_after = delay if self.requeue_after is None else min(self.requeue_after, delay)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Observed:
-    """The job's children as the operator sees them."""
-
-    pods: Sequence[PodView] = ()
-    """Pods carrying the job's label, tombstones (``gone``) of pods deleted by someone else included."""
-    children: Mapping[ChildKey, ChildView] = dataclasses.field(default_factory=dict)
-    problems: Mapping[ChildKey, Problem] = dataclasses.field(default_factory=dict)
-    """What the API server answered to the last creates (conflicts, refusals)."""
-    node_ready: Mapping[str, bool] = dataclasses.field(default_factory=dict)
-    restarts_floor: int = 0
-    incidents_floor: int = 0
-    """Highest counts this operator process has written for the job (guards against stale reads)."""
-    first_pass: bool = False
-    """The first pass of this operator process over the job, on a fully listed cache: a pod of a running job
-    that is not there at all was lost while no operator watched."""
-    routine_since: datetime | None = None
-    """When a pass of this process first held back a routine status change not written since (None: none)."""
-    routine_wait: float = status_writes.ROUTINE_INTERVAL
-    """How long a routine status change may wait for the next write (longer while the operator is busy)."""
+__all__ = ["DeletePod", "KueueInputs", "Observed", "Plan", "Replacement", "plan"]
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -123,6 +69,8 @@ class _Pass:
     start_time: str | None
     completion_time: str | None = None
     aux: list[st.Aux] = dataclasses.field(default_factory=list)
+    placements: dict[str, kueue.Placement] | None = None
+    """Kueue's placement of each replica type (an admitted queued job)."""
 
     def status(self, outcome: st.Outcome) -> Obj:
         counts = st.Counts(
@@ -180,6 +128,14 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
         return _finish(result, ps, outcome)
     if policy.suspend:
         return _suspended(result, ps)
+    if kueue.queue_name(job) is not None:
+        view = admission.workload_view(job, observed.children)
+        gate = admission.gate(job, view, observed.pods, observed.kueue)
+        ps.aux += admission.conditions(gate, view)
+        if not gate.run or view is None:
+            return _held(result, ps, gate.reason, gate.clear_admission)
+        ps.placements = admission.placements(job, view, observed.kueue)
+        ps.job = job = admission.capped(job, ps.placements[names.TYPE_WORKER].count)
     ps.start_time = suspend.start_time_after_resume(False, ps.start_time, format_time(now))
     started = parse_time(ps.start_time)
     if deadline.deadline_exceeded(started, policy.active_deadline_seconds, now):
@@ -239,6 +195,8 @@ def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
     pod_plan = _plan_pods(ps, persisted, create=not finishing and not conflicts)
     conflicts += pod_plan.conflicts
     result.delete_pods, result.create_pods = pod_plan.delete, pod_plan.create
+    if ps.placements is not None:
+        result.create_pods = admission.place(result.create_pods, ps.placements)
     result.replacements = pod_plan.replacements
     for at in pod_plan.recheck:
         result.requeue_at(at, now)
@@ -256,7 +214,8 @@ def _children(result: Plan, ps: _Pass) -> children.ChildrenDecision:
     """Every non-pod child exists and is the job's (suspended jobs too: they keep their PVC and Service)."""
     job, now = ps.job, ps.now
     kids = children.decide(
-        builders.build_static_children(job), ps.obs.children, ps.obs.problems, job_uid=job.uid, job_name=job.name,
+        [*builders.build_static_children(job), *admission.desired(job, ps.obs.kueue)], ps.obs.children,
+        ps.obs.problems, job_uid=job.uid, job_name=job.name,
         retained_pvc=job.spec.checkpoint.keeps_created_claim,
         created_before=st.condition_true(ps.old, st.CREATED),
     )
@@ -301,8 +260,15 @@ def _loss_event(loss: failure.Loss, incident_id: int, ps: _Pass) -> st.Event:
 
 
 def _aux(ps: _Pass, verdict: stall.Verdict | None, conflicts: Sequence[str]) -> None:
-    ps.aux += aux_conditions(ps.recent, verdict, conflicts, ps.obs.problems, [*ps.workers, *ps.rdzv],
-                             gang=ps.job.spec.scheduling.gang is not None)
+    found = aux_conditions(ps.recent, verdict, conflicts, ps.obs.problems, [*ps.workers, *ps.rdzv],
+                           gang=ps.job.spec.scheduling.gang is not None)
+    kueue_queued = next((a for a in ps.aux if a.type == st.QUEUED), None)
+    if kueue_queued is not None:  # Kueue's word while it holds the job, the scheduler's once it is admitted
+        if kueue_queued.status:
+            found = [a for a in found if a.type != st.QUEUED]
+        else:
+            ps.aux.remove(kueue_queued)
+    ps.aux += found
 def _recovery(result: Plan, ps: _Pass) -> None:
     """Close the recovering incident once enough workers run and training ran again since it began; record its
     recovery clock."""
@@ -349,13 +315,26 @@ def _state(ps: _Pass, decision: incidents.Decision) -> st.Outcome:
 
 def _suspended(result: Plan, ps: _Pass) -> Plan:
     """Suspended: no pods, but the PVC, the Service and the counts stay."""
+    return _held(result, ps, "Suspended", None)
+
+
+def _held(result: Plan, ps: _Pass, reason: str, clear_admission: str | None) -> Plan:
+    """Suspended, or queued in Kueue (not admitted, evicted): no pods, but the PVC, the Service, the Workload and
+    the counts stay. Not an incident: the deleted pods count against nothing."""
     ps.start_time = suspend.start_time_after_resume(True, ps.start_time, format_time(ps.now))
     kids = _children(result, ps)
     _aux(ps, None, kids.conflicts)
     live = [p for p in ps.obs.pods if p.owner_uid == ps.job.uid and not p.gone]
-    result.delete_pods = [DeletePod(p.name, p.uid, p.terminated, "Suspended")
+    result.delete_pods = [DeletePod(p.name, p.uid, p.terminated, reason)
                           for p in suspend.pods_to_delete_on_suspend(live)]
-    outcome = st.Outcome(state=st.SUSPENDED, reason="Suspended", message="spec.runPolicy.suspend is true: pods deleted")
+    if reason == "Suspended":
+        outcome = st.Outcome(state=st.SUSPENDED, reason=reason, message="spec.runPolicy.suspend is true: pods deleted")
+    else:
+        queued = next(a for a in ps.aux if a.type == st.QUEUED)
+        outcome = st.Outcome(state=st.QUEUED, reason=reason, message=queued.message)
+    if clear_admission is not None:
+        result.workload_writes.append(WorkloadWrite(kueue.workload_name(ps.job), "clear", clear_admission,
+                                                    outcome.message))
     return _with_status(result, ps.old, ps.status(outcome))
 
 
@@ -374,6 +353,8 @@ def _finish(result: Plan, ps: _Pass, outcome: st.Outcome) -> Plan:
         if policy.clean_pod_policy == "All" or (policy.clean_pod_policy == "Running" and not pod.terminated):
             result.delete_pods.append(DeletePod(pod.name, pod.uid, pod.terminated, "JobFinished"))
     new = ps.status(outcome)
+    result.workload_writes += admission.finish(ps.job, admission.workload_view(ps.job, ps.obs.children),
+                                               outcome.state == st.SUCCEEDED, outcome.message)
     done = parse_time(new.get("completionTime"))
     if ttl.ttl_expired(done, policy.ttl_seconds_after_finished, ps.now):
         result.delete_job = True

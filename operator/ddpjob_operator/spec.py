@@ -316,6 +316,8 @@ class DDPJob(_Model):
     namespace: str
     uid: str
     generation: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    """metadata.labels: Kueue's queue-name and priority-class labels are read from here."""
     spec: DDPJobSpec
 
 
@@ -371,5 +373,6 @@ def parse_ddpjob(obj: Mapping[str, Any]) -> DDPJob:
         namespace=meta.get("namespace") or "default",
         uid=meta.get("uid") or "",
         generation=int(meta.get("generation") or 0),
+        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
         spec=spec,
     )

@@ -60,7 +60,7 @@ class Outcome:
     """The planner's verdict for this pass: the job's state and why."""
 
     state: str
-    """One of the condition types except Created: the job's headline state."""
+    """One of the condition types except Created, or Queued (Kueue holds the job): the job's headline state."""
     reason: str
     """CamelCase reason of the headline condition."""
     message: str
@@ -168,6 +168,9 @@ def _conditions(
     elif state == RESTARTING:
         put(RESTARTING, True, reason, msg)
         put(RUNNING, False, reason, msg)
+    elif state == QUEUED:  # Kueue holds the job: the Queued condition (auxiliary) says why
+        clear(RUNNING, reason, msg)
+        clear(RESTARTING, reason, msg)
     elif state == SUSPENDED:
         put(SUSPENDED, True, reason, msg)
         clear(RUNNING, reason, msg)

@@ -150,7 +150,7 @@ def test_watch_namespaces_uses_roles_and_namespace_flags(render: Render) -> None
     assert [rules_of(r) for r in by_kind(objs, "ClusterRole")] == [CLUSTER_READ_RULES]
     assert container(objs)["args"][-2:] == ["--namespace=team-a", "--namespace=team-b"]
 
-    bare = render("watchNamespaces={team-a}", "rbac.crdRead=false", "rbac.nodeRead=false")
+    bare = render("watchNamespaces={team-a}", "rbac.crdRead=false", "rbac.nodeRead=false", "rbac.kueueRead=false")
     assert by_kind(bare, "ClusterRole") == [] and by_kind(bare, "ClusterRoleBinding") == []
 
 

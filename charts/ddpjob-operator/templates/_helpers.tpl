@@ -111,6 +111,15 @@ The rules the operator needs in a namespace where it manages DDPJobs. One list, 
 - apiGroups: ["scheduling.x-k8s.io"]
   resources: ["podgroups"]
   verbs: ["get", "list", "watch", "create"]
+# Per-job Workload of a job queued in Kueue (label kueue.x-k8s.io/queue-name), and its status: the operator gives
+# an evicted Workload's quota back and marks it Finished, as Kueue's own job integrations do. Listing it is skipped
+# while Kueue's CRDs are not installed.
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads"]
+  verbs: ["get", "list", "watch", "create"]
+- apiGroups: ["kueue.x-k8s.io"]
+  resources: ["workloads/status"]
+  verbs: ["patch"]
 # Events about DDPJobs (kopf posts core/v1 events, one POST each).
 - apiGroups: [""]
   resources: ["events"]

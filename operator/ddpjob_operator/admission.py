@@ -1,0 +1,105 @@
+"""The planner's side of Kueue for one pass of a queued job: its Workload among the children, the gate, the
+admitted placement and count, the conditions that say where the job stands, and the Workload writes the pass
+asks for (kueue.py builds and reads the objects; policies/queueing.py decides)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ddpjob_operator import builders, kueue, names
+from ddpjob_operator import status as st
+from ddpjob_operator.kueue import Placement, WorkloadView
+from ddpjob_operator.observed import ChildView, PodView, truncate
+from ddpjob_operator.policies import queueing
+from ddpjob_operator.spec import DDPJob
+
+Obj = dict[str, Any]
+ADMITTED = "Admitted"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class WorkloadWrite:
+    """A write to the job's Workload status: give the quota back after an eviction, or mark it Finished."""
+
+    name: str
+    op: str
+    """"clear" or "finish"."""
+    reason: str
+    message: str
+    succeeded: bool = False
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class KueueInputs:
+    """What the controller read for a queued job before the pass (the planner reads no API)."""
+
+    priority: tuple[str, int] | None = None
+    """The job's WorkloadPriorityClass (name, value), if it names one that exists."""
+    priority_missing: str | None = None
+    """Why the priority class cannot be used (it does not exist), if it cannot."""
+    flavors: Mapping[str, Obj] = dataclasses.field(default_factory=dict)
+    """The admitted ResourceFlavors' specs, by name."""
+
+
+def workload_view(job: DDPJob, children: Mapping[tuple[str, str], ChildView]) -> WorkloadView | None:
+    """The job's own Workload as last seen, or None if it has none (or it is on its way out)."""
+    child = children.get((kueue.WORKLOAD, kueue.workload_name(job)))
+    if child is None or child.owner_uid != job.uid or child.deleting:
+        return None
+    return child.workload
+
+
+def desired(job: DDPJob, inputs: KueueInputs) -> list[Obj]:
+    """The Workload among the job's children (none while its priority class is missing: a Workload without the
+    priority would be admitted at the wrong priority)."""
+    if kueue.queue_name(job) is None or inputs.priority_missing is not None:
+        return []
+    return [kueue.build_workload(job, builders.build_worker_pod(job, 0), builders.build_rendezvous_pod(job),
+                                 inputs.priority)]
+
+
+def gate(job: DDPJob, view: WorkloadView | None, pods: Sequence[PodView], inputs: KueueInputs) -> queueing.Gate:
+    """May the job run its pods this pass (policies/queueing.py)."""
+    active = any(p.active or (not p.gone and p.deleting) for p in pods if p.owner_uid == job.uid)
+    return queueing.decide(kueue.workload_name(job), kueue.queue_name(job) or "", view, pods_active=active,
+                           priority_missing=inputs.priority_missing)
+
+
+def placements(job: DDPJob, view: WorkloadView, inputs: KueueInputs) -> dict[str, Placement]:
+    """Each replica type's placement under the admission."""
+    return {names.TYPE_WORKER: kueue.placement(view, kueue.WORKERS, inputs.flavors, job.spec.pod_count),
+            names.TYPE_RENDEZVOUS: kueue.placement(view, kueue.RENDEZVOUS, inputs.flavors, 1)}
+
+
+def capped(job: DDPJob, workers: int) -> DDPJob:
+    """The job as admitted: an elastic job admitted with fewer workers than it asked for runs that many (Kueue's
+    partial admission; spares go first)."""
+    if workers >= job.spec.pod_count:
+        return job
+    spec = job.spec.model_copy(update={"replicas": min(job.spec.replicas, workers),
+                                       "spares": max(0, workers - job.spec.replicas)})
+    return job.model_copy(update={"spec": spec})
+
+
+def place(pods: Sequence[Obj], where: Mapping[str, Placement]) -> list[Obj]:
+    """Pods to create, with their pod set's flavor node labels and tolerations."""
+    return [kueue.place_pod(p, where[p["metadata"]["labels"][names.LABEL_REPLICA_TYPE]]) for p in pods]
+
+
+def conditions(g: queueing.Gate, view: WorkloadView | None) -> list[st.Aux]:
+    """Queued (Kueue's reason and message) and Admitted (the ClusterQueue and flavors) of a queued job."""
+    if g.run and view is not None:
+        return [st.Aux(st.QUEUED, False, ADMITTED, "admitted by Kueue"),
+                st.Aux(ADMITTED, True, ADMITTED, truncate(f"admitted by Kueue: {kueue.describe(view)}"))]
+    return [st.Aux(st.QUEUED, True, g.reason, truncate(g.message)),
+            st.Aux(ADMITTED, False, g.reason, "not admitted by Kueue", show=True)]
+
+
+def finish(job: DDPJob, view: WorkloadView | None, succeeded: bool, message: str) -> list[WorkloadWrite]:
+    """Mark the Workload Finished when the job ends (Kueue releases its quota)."""
+    if kueue.queue_name(job) is None or view is None or view.true("Finished"):
+        return []
+    return [WorkloadWrite(kueue.workload_name(job), "finish", "Succeeded" if succeeded else "Failed", message,
+                          succeeded)]
