@@ -5,13 +5,15 @@ asks for (kueue.py builds and reads the objects; policies/queueing.py decides)."
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from ddpjob_operator import builders, kueue, names
 from ddpjob_operator import status as st
 from ddpjob_operator.kueue import Placement, WorkloadView
-from ddpjob_operator.observed import ChildView, PodView, truncate
+from ddpjob_operator.observed import ChildView, PodView, parse_time, truncate
 from ddpjob_operator.policies import queueing
 from ddpjob_operator.spec import DDPJob
 
@@ -103,3 +105,23 @@ def finish(job: DDPJob, view: WorkloadView | None, succeeded: bool, message: str
         return []
     return [WorkloadWrite(kueue.workload_name(job), "finish", "Succeeded" if succeeded else "Failed", message,
                           succeeded)]
+
+
+_EVICTED = re.compile(r"^evicted by Kueue \((\w+)\)")
+
+
+def transitions(old: Mapping[str, Any], new: Mapping[str, Any], now: datetime) -> tuple[float | None, str | None]:
+    """For the metrics, from a status write: (seconds the job waited Queued, if an admission ended the wait now;
+    Kueue's eviction reason, if the job was evicted now)."""
+    was, cond = st.get_condition(old, st.QUEUED), st.get_condition(new, st.QUEUED)
+    waited = None
+    if old.get("state") == st.QUEUED and new.get("state") != st.QUEUED and was is not None:
+        since = parse_time(was.get("lastTransitionTime"))
+        waited = (now - since).total_seconds() if since is not None else None
+    evicted = None
+    if cond is not None and cond.get("status") == "True" and cond.get("reason") == queueing.PREEMPTED and not (
+            was is not None and was.get("status") == "True" and was.get("reason") == queueing.PREEMPTED):
+        match = _EVICTED.match(str(cond.get("message") or ""))
+        evicted = match[1] if match else "Unknown"
+    return waited, evicted
+

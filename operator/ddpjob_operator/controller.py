@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import kopf
 
-from ddpjob_operator import kueue_io, metrics, podwatch, resync
+from ddpjob_operator import admission, kueue_io, metrics, podwatch, resync
 from ddpjob_operator import reconcile as planner
 from ddpjob_operator import status as st
 from ddpjob_operator.apply import apply_plan
@@ -45,6 +45,15 @@ def _first_start(old: Mapping[str, Any]) -> bool:
         and all(st.get_condition(old, c) is None or (c == st.RUNNING and not st.condition_true(old, c)) for c in seen)
         and not old.get("restarts")
     )
+
+
+def _observe_kueue(old: Mapping[str, Any], new: Mapping[str, Any], now: datetime) -> None:
+    """Kueue's metrics: time waited in the queue, evictions."""
+    waited, evicted = admission.transitions(old, new, now)
+    if waited is not None:
+        metrics.KUEUE_QUEUED.observe(max(0.0, waited))
+    if evicted is not None:
+        metrics.KUEUE_PREEMPTIONS.labels(reason=evicted).inc()
 
 
 def _rv(body: Mapping[str, Any]) -> int:
@@ -224,6 +233,7 @@ class Controller:
                 mem.body, mem.resource_version = _kept(fresh), _rv(fresh)
             if plan.status.get("state") == st.RUNNING and _first_start(body.get("status") or {}):
                 self._observe_time_to_running(body, now)
+            _observe_kueue(body.get("status") or {}, plan.status, now)
         mem.restarts_floor = max(mem.restarts_floor, int(plan.status.get("restarts") or 0))
         mem.incidents_floor = max(mem.incidents_floor, int(plan.status.get("incidentCount") or 0))
         for event in plan.events:

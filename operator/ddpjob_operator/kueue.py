@@ -17,13 +17,12 @@ from typing import Any
 
 from ddpjob_operator import names
 from ddpjob_operator.spec import GROUP, KIND, DDPJob
+from ddpjob_operator.spec import QUEUE_LABEL as QUEUE_LABEL  # the job's LocalQueue; spec.py checks it too
 
 Obj = dict[str, Any]
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 WORKLOAD = "Workload"
-#: The label that puts a job in a LocalQueue (Kueue's own, on every kind it queues).
-QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: The label naming a WorkloadPriorityClass (Kueue's own).
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 #: Kueue's label for the owner job's UID on a Workload.

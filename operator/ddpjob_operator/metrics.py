@@ -48,6 +48,14 @@ RECOVERY_PHASE = Histogram(
 STATES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
 
+KUEUE_PREEMPTIONS = Counter("ddpjob_kueue_evictions", "Kueue evictions of running DDPJobs (preemption, PodsReady "
+                            "timeout, a stopped queue ...), by Kueue's reason", ["reason"])
+KUEUE_QUEUED = Histogram(
+    "ddpjob_kueue_queued_seconds", "Seconds a DDPJob waited in Kueue (state Queued) before an admission let it start "
+    "again: from its creation, or from its eviction", buckets=_LIFECYCLE_BUCKETS,
+)
+
+
 def exit_class(code: int | None) -> str:
     """A bounded label for an exit code: signal, error or unknown."""
     if code is None:

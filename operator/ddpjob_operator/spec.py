@@ -114,6 +114,8 @@ class Rendezvous(_Model):
     close_timeout_seconds: int = Field(default=60, ge=1)
 
 
+#: The label that puts a job in a Kueue LocalQueue (Kueue's own, on every kind it queues; kueue.py).
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 #: Pods of a gang job carry this label naming their PodGroup (scheduler-plugins' coscheduling reads it).
 POD_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 #: The scheduler name scheduler-plugins' Helm chart gives its second scheduler.
@@ -368,11 +370,18 @@ def parse_ddpjob(obj: Mapping[str, Any]) -> DDPJob:
             f"{MAX_NAME_LENGTH} characters: worker pods are named <name>-worker-<index>",
         )
     spec = parse_spec(obj.get("spec") or {})
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    ckpt = spec.checkpoint
+    if labels.get(QUEUE_LABEL) and ckpt.volume_claim is None and ckpt.existing_claim is None:
+        raise InvalidSpec("spec.checkpoint", f"a job in a Kueue queue (label {QUEUE_LABEL}) can be preempted, and "
+                          "a preemption deletes its pods with the checkpoints on their emptyDir volumes: it would "
+                          "train again from step 0. Set spec.checkpoint.volumeClaim (the operator creates a PVC) or "
+                          "existingClaim, so a preempted job resumes from its last checkpoint")
     return DDPJob(
         name=name,
         namespace=meta.get("namespace") or "default",
         uid=meta.get("uid") or "",
         generation=int(meta.get("generation") or 0),
-        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        labels=labels,
         spec=spec,
     )

@@ -180,3 +180,35 @@ def small_job(name: str, replicas: int = 2, **spec: Any) -> dict[str, Any]:
     }
     body.update(spec)
     return {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": name}, "spec": body}
+
+
+POOL_LABEL = "ddpjob.test/pool"
+
+
+class Pool:
+    """kwok nodes only this test's pods may use."""
+
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
+        self.cluster, self.ns = cluster, namespace
+        self.names: list[str] = []
+
+    def add(self, cpus: int, pool: str | None = None) -> str:
+        """A Ready kwok node of ``cpus`` CPUs, labelled and tainted with ``pool`` (default: the namespace)."""
+        pool = pool or self.ns
+        name = f"{self.ns}-{len(self.names)}"[:63]
+        capacity = {"cpu": str(cpus), "memory": "64Gi", "pods": "110"}
+        node = {"apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                             "labels": {POOL_LABEL: pool, "kubernetes.io/hostname": name, "type": "kwok"}},
+                "spec": {"taints": [{"key": POOL_LABEL, "value": pool, "effect": "NoSchedule"}]},
+                "status": {"capacity": capacity, "allocatable": capacity}}
+        self.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(node))
+        self.names.append(name)
+        wait_for(lambda: "True" in self.cluster.kubectl(
+            "get", "node", name, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}").stdout,
+            timeout=30, describe=f"kwok node {name} Ready")
+        return name
+
+    def delete(self) -> None:
+        if self.names:
+            self.cluster.kubectl("delete", "node", *self.names, "--wait=false", check=False)

@@ -16,36 +16,7 @@ import pytest
 
 from tests.cluster.gang_scheduler import SCHEDULER_NAME
 from tests.conftest import Cluster, wait_for
-from tests.integration.operator_support import Jobs, OperatorProcess, small_job
-
-POOL_LABEL = "ddpjob.test/pool"
-
-
-class Pool:
-    """kwok nodes only this test's pods may use."""
-
-    def __init__(self, cluster: Cluster, namespace: str) -> None:
-        self.cluster, self.ns = cluster, namespace
-        self.names: list[str] = []
-
-    def add(self, cpus: int) -> str:
-        name = f"{self.ns}-{len(self.names)}"[:63]
-        capacity = {"cpu": str(cpus), "memory": "64Gi", "pods": "110"}
-        node = {"apiVersion": "v1", "kind": "Node",
-                "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
-                             "labels": {POOL_LABEL: self.ns, "kubernetes.io/hostname": name, "type": "kwok"}},
-                "spec": {"taints": [{"key": POOL_LABEL, "value": self.ns, "effect": "NoSchedule"}]},
-                "status": {"capacity": capacity, "allocatable": capacity}}
-        self.cluster.kubectl("apply", "-f", "-", stdin=json.dumps(node))
-        self.names.append(name)
-        wait_for(lambda: "True" in self.cluster.kubectl(
-            "get", "node", name, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}").stdout,
-            timeout=30, describe=f"kwok node {name} Ready")
-        return name
-
-    def delete(self) -> None:
-        if self.names:
-            self.cluster.kubectl("delete", "node", *self.names, "--wait=false", check=False)
+from tests.integration.operator_support import POOL_LABEL, Jobs, OperatorProcess, Pool, small_job
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from ddpjob_operator.admission import KueueInputs
 from ddpjob_operator.kueue import Condition, WorkloadView
 from ddpjob_operator.policies import queueing
 from ddpjob_operator.reconcile import Plan, plan
-from ddpjob_operator.spec import parse_ddpjob
+from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
 
 from .factories import FakeCluster, at, make_job
 
@@ -56,9 +56,20 @@ def test_a_missing_priority_class_holds_the_job_with_the_fix() -> None:
 
 
 def queued(replicas: int = 2, labels: dict[str, str] | None = None) -> Any:
-    job = make_job(replicas=replicas)
+    job = make_job(replicas=replicas).with_checkpoint(existingClaim="ckpt")  # a preempted job must keep its steps
     job.body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "q", **(labels or {})}
     return job
+
+
+def test_a_queued_job_without_a_checkpoint_claim_is_refused_naming_the_fix() -> None:
+    body = make_job().obj()
+    body["metadata"]["labels"] = {kueue.QUEUE_LABEL: "q"}
+    with pytest.raises(InvalidSpec) as err:
+        parse_ddpjob(body)
+    assert err.value.field == "spec.checkpoint" and "volumeClaim" in str(err.value) and "preempt" in str(err.value)
+    c = KueueCluster(body)
+    p = c.step(at(0))
+    assert p.create_pods == [] and p.ensure == [] and c.status["state"] == st.FAILED
 
 
 def test_workload_has_both_pod_sets_the_queue_and_the_priority() -> None:
@@ -75,7 +86,7 @@ def test_workload_has_both_pod_sets_the_queue_and_the_priority() -> None:
     assert rdzv["template"]["spec"]["containers"][0]["resources"]["requests"]
     assert wl["spec"]["queueName"] == "q" and wl["spec"]["priority"] == 900
     assert wl["spec"]["priorityClassRef"]["name"] == "hi"
-    other = parse_ddpjob({**queued().obj(), "metadata": {"name": "job", "uid": "another", "labels": {}}})
+    other = parse_ddpjob({**queued().obj(), "metadata": {"name": "job", "uid": "another"}})
     assert kueue.workload_name(other) != kueue.workload_name(job), "a job created again gets a new Workload"
 
 
@@ -210,3 +221,18 @@ def test_clear_admission_patch_gives_the_quota_back_conditionally() -> None:
     assert conds["Admitted"]["status"] == "False" and conds["Requeued"]["status"] == "True"
     done = kueue.finished_patch(obj, False, "failed", "t2")
     assert {c["type"]: c["reason"] for c in done["status"]["conditions"]}["Finished"] == "Failed"
+
+
+def test_metrics_see_the_wait_and_the_eviction_once() -> None:
+    from ddpjob_operator.admission import transitions
+
+    queued = {"state": "Queued", "conditions": [{"type": "Queued", "status": "True", "reason": "Pending",
+                                                 "lastTransitionTime": "2026-01-01T12:00:00Z"}]}
+    running = {"state": "Running", "conditions": [{"type": "Queued", "status": "False", "reason": "Admitted"}]}
+    evicted = {"state": "Queued", "conditions": [{"type": "Queued", "status": "True", "reason": "Preempted",
+                                                  "message": "evicted by Kueue (PodsReadyTimeout): ...",
+                                                  "lastTransitionTime": "2026-01-01T12:00:30Z"}]}
+    assert transitions(queued, running, at(42)) == (42.0, None)
+    assert transitions(running, evicted, at(50)) == (None, "PodsReadyTimeout")
+    assert transitions(evicted, evicted, at(51)) == (None, None), "counted once, not every pass"
+    assert transitions(queued, queued, at(60)) == (None, None)

@@ -1,0 +1,226 @@
+"""Kueue on the real control plane: the real Kueue manager (tests/cluster/kueue.py, DDPJob registered as an
+external framework), kwok nodes of this test's own, and a real operator process. Kueue admits, flavors, preempts;
+the operator creates Workloads, holds pods until admission, places them, stops them on eviction and gives the
+quota back.
+
+Each test gets its own pool of tainted kwok nodes and its own cluster-scoped Kueue objects (named after the test's
+namespace). The jobs set no node selector or toleration: what the pods carry comes from the admitted flavor.
+Workers request 1 CPU and 1Gi, the rendezvous pod 50m CPU."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import Cluster, wait_for
+from tests.integration.operator_support import POOL_LABEL, Jobs, OperatorProcess, Pool, small_job
+
+QUEUE = "kueue.x-k8s.io/queue-name"
+PRIORITY = "kueue.x-k8s.io/priority-class"
+V = "kueue.x-k8s.io/v1beta2"
+
+
+class Kueue:
+    """This test's ResourceFlavors, ClusterQueue, LocalQueue and WorkloadPriorityClasses, deleted after it."""
+
+    def __init__(self, cluster: Cluster, ns: str) -> None:
+        self.cluster, self.ns = cluster, ns
+        self.cluster_scoped: list[str] = []
+
+    def apply(self, *objs: dict[str, Any]) -> None:
+        self.cluster.kubectl("apply", "-f", "-", stdin=yaml.safe_dump_all(objs))
+        self.cluster_scoped += [f"{o['kind'].lower()}/{o['metadata']['name']}" for o in objs
+                                if "namespace" not in o["metadata"]]
+
+    def flavor(self, name: str, pool: str) -> dict[str, Any]:
+        return {"apiVersion": V, "kind": "ResourceFlavor", "metadata": {"name": f"{self.ns}-{name}"},
+                "spec": {"nodeLabels": {POOL_LABEL: pool},
+                         "tolerations": [{"key": POOL_LABEL, "operator": "Equal", "value": pool,
+                                          "effect": "NoSchedule"}]}}
+
+    def queues(self, quotas: list[tuple[str, str]], **spec: Any) -> None:
+        """A ClusterQueue over (flavor, cpu quota) in order, memory plentiful, and LocalQueue ``q``."""
+        flavors = [{"name": f"{self.ns}-{f}", "resources": [{"name": "cpu", "nominalQuota": cpu},
+                                                             {"name": "memory", "nominalQuota": "1Ti"}]}
+                   for f, cpu in quotas]
+        self.apply({"apiVersion": V, "kind": "ClusterQueue", "metadata": {"name": self.ns},
+                    "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": self.ns}},
+                             "resourceGroups": [{"coveredResources": ["cpu", "memory"], "flavors": flavors}],
+                             **spec}},
+                   {"apiVersion": V, "kind": "LocalQueue", "metadata": {"name": "q", "namespace": self.ns},
+                    "spec": {"clusterQueue": self.ns}})
+
+    def priority(self, name: str, value: int) -> str:
+        full = f"{self.ns}-{name}"
+        self.apply({"apiVersion": V, "kind": "WorkloadPriorityClass", "metadata": {"name": full}, "value": value})
+        return full
+
+    def workload(self, job: str) -> dict[str, Any] | None:
+        out = self.cluster.kubectl("get", "workloads.kueue.x-k8s.io", "-n", self.ns, "-l",
+                                   f"ddpjob.io/job-name={job}", "-o", "json").stdout
+        items = json.loads(out)["items"]
+        return items[0] if items else None
+
+    def admitted(self, job: str) -> bool:
+        wl = self.workload(job)
+        return wl is not None and any(c["type"] == "Admitted" and c["status"] == "True"
+                                      for c in wl.get("status", {}).get("conditions", []))
+
+    def delete(self) -> None:
+        self.cluster.kubectl("delete", "ddpjobs", "--all", "-n", self.ns, "--wait=false", check=False)
+        if self.cluster_scoped:
+            self.cluster.kubectl("delete", *reversed(self.cluster_scoped), "--wait=false", check=False)
+
+
+@pytest.fixture
+def pool(cluster: Cluster, namespace: str) -> Iterator[Pool]:
+    p = Pool(cluster, namespace)
+    try:
+        yield p
+    finally:
+        p.delete()
+
+
+@pytest.fixture
+def kq(cluster: Cluster, namespace: str) -> Iterator[Kueue]:
+    k = Kueue(cluster, namespace)
+    try:
+        yield k
+    finally:
+        k.delete()
+
+
+def job(name: str, replicas: int, *, queue: str | None = "q", priority: str | None = None,
+        **spec: Any) -> dict[str, Any]:
+    # A claim: a job in a queue can be preempted, and keeps its checkpoints on it (refused without one).
+    body = small_job(name, replicas, checkpoint={"volumeClaim": {"size": "1Gi"}}, **spec)
+    body["spec"]["template"]["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}}
+    labels = {**({QUEUE: queue} if queue else {}), **({PRIORITY: priority} if priority else {})}
+    body["metadata"]["labels"] = labels
+    return body
+
+
+def pods_of(jobs: Jobs, name: str) -> list[dict[str, Any]]:
+    return jobs.live_pods(name) + jobs.live_pods(name, kind="rendezvous")
+
+
+def test_three_jobs_on_quota_for_one_are_admitted_one_at_a_time(namespace: str, operator: OperatorProcess,
+                                                                 jobs: Jobs, pool: Pool, kq: Kueue) -> None:
+    pool.add(8)
+    kq.apply(kq.flavor("a", namespace))
+    kq.queues([("a", "2.5")], queueingStrategy="StrictFIFO")  # one 2-worker job (2.05 CPU), not two
+    names = ["kq-1", "kq-2", "kq-3"]
+    for n in names:
+        jobs.apply(job(n, 2))
+    done: list[str] = []
+    for _ in names:
+        def one_admitted() -> str | None:
+            admitted = [n for n in names if n not in done and kq.admitted(n)]
+            with_pods = [n for n in names if n not in done and pods_of(jobs, n)]
+            assert len(admitted) <= 1 and set(with_pods) <= set(admitted), (admitted, with_pods)
+            return admitted[0] if admitted and len(jobs.live_pods(admitted[0])) == 2 else None
+
+        first = wait_for(one_admitted, timeout=60, describe="exactly one job admitted, only it with pods",
+                         state=lambda: "".join(jobs.describe(n) for n in names))
+        running = jobs.running(first, 2, timeout=60)
+        for n in names:
+            if n != first and n not in done:
+                queued = jobs.condition(n, "Queued")
+                assert queued is not None and jobs.get(n)["status"]["state"] == "Queued", jobs.describe(n)
+        for pod in running:
+            jobs.succeed(pod["metadata"]["name"])
+        jobs.wait_condition(first, "Succeeded", timeout=60)
+        wait_for(lambda f=first: any(c["type"] == "Finished" and c["status"] == "True"  # type: ignore[misc]
+                                     for c in (kq.workload(f) or {}).get("status", {}).get("conditions", [])),
+                 timeout=30, describe=f"{first}'s Workload Finished")
+        done.append(first)
+    print(f"admitted in order {done}")
+
+
+def test_pods_carry_the_admitted_flavors_labels_and_tolerations(namespace: str, operator: OperatorProcess,
+                                                                 jobs: Jobs, pool: Pool, kq: Kueue) -> None:
+    pool.add(4, pool=f"{namespace}-x")
+    pool.add(4, pool=f"{namespace}-y")
+    kq.apply(kq.flavor("x", f"{namespace}-x"), kq.flavor("y", f"{namespace}-y"))
+    kq.queues([("x", "1"), ("y", "4")])  # x is too small for the job: Kueue picks y
+    jobs.apply(job("flav", 2))
+    pods = jobs.running("flav", 2, timeout=60)
+    for pod in pods + jobs.live_pods("flav", kind="rendezvous"):
+        assert pod["spec"]["nodeSelector"] == {POOL_LABEL: f"{namespace}-y"}, pod["spec"]
+        assert {"key": POOL_LABEL, "operator": "Equal", "value": f"{namespace}-y",
+                "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+    admitted = jobs.condition("flav", "Admitted")
+    assert admitted is not None and f"cpu={namespace}-y" in admitted["message"], admitted
+
+
+def test_an_elastic_job_with_quota_for_three_runs_three(namespace: str, operator: OperatorProcess, jobs: Jobs,
+                                                         pool: Pool, kq: Kueue) -> None:
+    pool.add(8)
+    kq.apply(kq.flavor("a", namespace))
+    kq.queues([("a", "3.5")])  # the rendezvous pod and 3 workers, not 4
+    jobs.apply(job("ela", 4, elastic={"minReplicas": 2, "maxReplicas": 4}))
+    jobs.running("ela", 3, timeout=60)
+    wl = kq.workload("ela")
+    assert wl is not None
+    counts = {a["name"]: a["count"] for a in wl["status"]["admission"]["podSetAssignments"]}
+    assert counts == {"workers": 3, "rendezvous": 1}, counts
+    time.sleep(3)
+    assert len(jobs.live_pods("ela")) == 3 and jobs.get("ela")["status"]["ready"].endswith("/3")
+
+
+def test_a_high_priority_job_preempts_and_the_low_one_comes_back(namespace: str, operator: OperatorProcess,
+                                                                 jobs: Jobs, pool: Pool, kq: Kueue) -> None:
+    pool.add(8)
+    kq.apply(kq.flavor("a", namespace))
+    kq.queues([("a", "2.5")], preemption={"withinClusterQueue": "LowerPriority"})
+    low, high = kq.priority("low", 100), kq.priority("high", 1000)
+    jobs.apply(job("low", 2, priority=low))
+    before = {p["metadata"]["uid"] for p in jobs.running("low", 2, timeout=60)}
+    t0 = time.monotonic()
+    jobs.apply(job("high", 2, priority=high))
+    wait_for(lambda: not pods_of(jobs, "low") and not (kq.workload("low") or {}).get("status", {}).get("admission"),
+             timeout=60, describe="low's pods gone and its quota released", state=lambda: jobs.describe("low"))
+    released = time.monotonic() - t0
+    queued = jobs.condition("low", "Queued")
+    assert queued is not None and queued["reason"] == "Preempted" and jobs.get("low")["status"]["state"] == "Queued"
+    high_pods = jobs.running("high", 2, timeout=60)
+    assert jobs.get("low")["status"].get("incidentCount", 0) == 0, "a preemption is not an incident"
+    for pod in high_pods:
+        jobs.succeed(pod["metadata"]["name"])
+    jobs.wait_condition("high", "Succeeded", timeout=60)
+    after = jobs.running("low", 2, timeout=60)
+    assert not before & {p["metadata"]["uid"] for p in after}
+    reasons = [e["reason"] for e in jobs.events("low")]
+    assert "Queued" in reasons and reasons.count("Admitted") >= 2, reasons
+    print(f"preempted: low's pods gone and quota released {released:.1f}s after high was created")
+
+
+def test_a_queue_that_does_not_exist_says_so_and_creates_no_pod(namespace: str, operator: OperatorProcess,
+                                                                 jobs: Jobs, kq: Kueue) -> None:
+    jobs.apply(job("lost", 2, queue="no-such-queue"))
+    queued = wait_for(lambda: (c := jobs.condition("lost", "Queued")) and "no-such-queue" in c["message"] and c,
+                      timeout=30, describe="Queued naming the missing LocalQueue", state=lambda: jobs.describe("lost"))
+    print(f"Queued: {queued['reason']}: {queued['message']}")
+    assert not pods_of(jobs, "lost")
+
+
+def test_a_deleted_workload_stops_the_pods_and_queues_the_job_again(namespace: str, operator: OperatorProcess,
+                                                                    jobs: Jobs, pool: Pool, kq: Kueue) -> None:
+    pool.add(8)
+    kq.apply(kq.flavor("a", namespace))
+    kq.queues([("a", "4")])
+    jobs.apply(job("again", 2))
+    before = {p["metadata"]["uid"] for p in jobs.running("again", 2, timeout=60)}
+    first = kq.workload("again")
+    assert first is not None
+    kq.cluster.kubectl("delete", "workloads.kueue.x-k8s.io", first["metadata"]["name"], "-n", namespace)
+    wait_for(lambda: (w := kq.workload("again")) is not None and w["metadata"]["uid"] != first["metadata"]["uid"],
+             timeout=30, describe="a new Workload")
+    after = {p["metadata"]["uid"] for p in jobs.running("again", 2, timeout=60)}  # admitted again: quota is free
+    assert not before & after, "the pods of the deleted Workload's admission were stopped"
+    assert jobs.get("again")["status"].get("incidentCount", 0) == 0
