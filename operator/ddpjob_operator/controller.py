@@ -211,6 +211,7 @@ class Controller:
             pods=pods, children=self.cache.children(key), problems=dict(mem.problems),
             node_ready=await self._node_readiness(body, pods, now), restarts_floor=mem.restarts_floor,
             incidents_floor=mem.incidents_floor, first_pass=mem.passes == 0, routine_since=mem.routine_since,
+            deleted=frozenset(mem.deleted_uids),
             routine_wait=status_writes.interval(len(self.queue), WORKERS),
             kueue=await self._kueue_inputs(body, key, mem),
         )

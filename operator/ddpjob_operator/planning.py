@@ -63,6 +63,9 @@ class Observed:
     problems: Mapping[ChildKey, Problem] = dataclasses.field(default_factory=dict)
     """What the API server answered to the last creates (conflicts, refusals)."""
     node_ready: Mapping[str, bool] = dataclasses.field(default_factory=dict)
+    deleted: frozenset[str] = frozenset()
+    """UIDs of pods this operator deleted (suspend, Kueue's eviction, a Workload gone): still Terminating when the
+    job runs again, they are not losses."""
     restarts_floor: int = 0
     incidents_floor: int = 0
     """Highest counts this operator process has written for the job (guards against stale reads)."""

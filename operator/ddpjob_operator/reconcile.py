@@ -231,9 +231,10 @@ def _children(result: Plan, ps: _Pass) -> children.ChildrenDecision:
 
 def _losses(ps: _Pass) -> list[failure.Loss]:
     policy, now, node_ready = ps.job.spec.run_policy, ps.now, ps.obs.node_ready
-    out = [loss for p in ps.workers if (p.index or 0) < ps.job.spec.pod_count
+    out = [loss for p in ps.workers if (p.index or 0) < ps.job.spec.pod_count and p.uid not in ps.obs.deleted
            if (loss := failure.worker_loss(p, policy, node_ready, now)) is not None]
-    out += [loss for p in ps.rdzv if (loss := failure.rendezvous_loss(p, node_ready, now)) is not None]
+    out += [loss for p in ps.rdzv if p.uid not in ps.obs.deleted
+            if (loss := failure.rendezvous_loss(p, node_ready, now)) is not None]
     if ps.obs.first_pass and ps.old.get("state") in (st.RUNNING, st.RESTARTING):
         out += failure.vanished(ps.job, ps.workers, ps.rdzv, int(ps.old.get("replicas") or 0), ps.count, now)
     return out

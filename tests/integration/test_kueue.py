@@ -147,15 +147,20 @@ def test_pods_carry_the_admitted_flavors_labels_and_tolerations(namespace: str, 
     pool.add(4, pool=f"{namespace}-x")
     pool.add(4, pool=f"{namespace}-y")
     kq.apply(kq.flavor("x", f"{namespace}-x"), kq.flavor("y", f"{namespace}-y"))
-    kq.queues([("x", "1"), ("y", "4")])  # x is too small for the job: Kueue picks y
+    # x is too small for the workers (2 CPU) but not for the rendezvous pod (50m): Kueue assigns each pod set its
+    # own flavor, and each pod gets its own pod set's node labels and tolerations.
+    kq.queues([("x", "1"), ("y", "4")])
     jobs.apply(job("flav", 2))
-    pods = jobs.running("flav", 2, timeout=60)
-    for pod in pods + jobs.live_pods("flav", kind="rendezvous"):
-        assert pod["spec"]["nodeSelector"] == {POOL_LABEL: f"{namespace}-y"}, pod["spec"]
-        assert {"key": POOL_LABEL, "operator": "Equal", "value": f"{namespace}-y",
-                "effect": "NoSchedule"} in pod["spec"]["tolerations"]
+    workers = jobs.running("flav", 2, timeout=60)
+    for pods, where in ((workers, f"{namespace}-y"), (jobs.live_pods("flav", kind="rendezvous"), f"{namespace}-x")):
+        assert pods
+        for pod in pods:
+            assert pod["spec"]["nodeSelector"] == {POOL_LABEL: where}, pod["spec"]
+            assert {"key": POOL_LABEL, "operator": "Equal", "value": where,
+                    "effect": "NoSchedule"} in pod["spec"]["tolerations"]
     admitted = jobs.condition("flav", "Admitted")
-    assert admitted is not None and f"cpu={namespace}-y" in admitted["message"], admitted
+    assert admitted is not None and f"workers: 2 pod(s), cpu={namespace}-y" in admitted["message"], admitted
+    assert f"rendezvous: 1 pod(s), cpu={namespace}-x" in admitted["message"], admitted
 
 
 def test_an_elastic_job_with_quota_for_three_runs_three(namespace: str, operator: OperatorProcess, jobs: Jobs,

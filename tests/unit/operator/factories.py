@@ -144,6 +144,7 @@ class FakeCluster:
         # routine_wait 0: a scenario's routine status changes are written at once (status_writes has its own tests)
         return Observed(pods=[*views(*self.pods.values()), *self.tombstones], node_ready=self.node_ready,
                         restarts_floor=floor, problems=dict(self.problems), routine_wait=0.0,
+                        deleted=frozenset(self.deleted_by_plan),
                         children={k: ChildView.from_object(v, k[0]) for k, v in self.children.items()})
 
     def plan(self, now: datetime) -> Plan:

@@ -180,6 +180,11 @@ def test_a_deleted_workload_stops_the_pods_and_queues_the_job_again() -> None:
     p = c.step(at(2))
     assert len(p.delete_pods) == 3 and [o["kind"] for o in p.ensure] == ["Workload"]
     assert c.status["state"] == st.QUEUED
+    c.admit()  # Kueue admits the new Workload at once, while the stopped pods still terminate
+    c.step(at(3))
+    c.step(at(4))
+    assert c.status["incidentCount"] == 0, "pods the operator stopped are not losses"
+    assert c.status["state"] != st.QUEUED and st.condition_true(c.status, "Admitted")
 
 
 def test_a_missing_priority_class_creates_no_workload() -> None:
