@@ -59,11 +59,14 @@ captured under "logs" (pod@uid -> text) for pods that faults replaced."""
 
 def run_job(env: Env, label: str, scenario: Scenario | None = None, *, claim: bool = True,
             args: list[str] | None = None, run_policy: dict[str, Any] | None = None,
-            timeout: float = t.RUN_TIMEOUT, **manifest: Any) -> Run:
-    """Create the DDPJob, run ``scenario`` against it, wait for Succeeded, read everything, delete the namespace."""
+            timeout: float = t.RUN_TIMEOUT, setup: Callable[[str], None] | None = None, **manifest: Any) -> Run:
+    """Create the DDPJob, run ``scenario`` against it, wait for Succeeded, read everything, delete the namespace.
+    ``setup(namespace)`` runs before the job is created (a Kueue LocalQueue)."""
     cluster = env.cluster
     ns = fresh_namespace(cluster, label)
     try:
+        if setup is not None:
+            setup(ns)
         t0 = time.monotonic()
         manifest = t.ddpjob_manifest(JOB, ns, node_selector=env.node_selector, args=args, claim=claim,
                                      run_policy=run_policy, **manifest)

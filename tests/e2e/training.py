@@ -162,11 +162,11 @@ def helm_uninstall_operator(cluster: Cluster) -> None:
 def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: list[str] | None = None,
                     claim: bool = True, run_policy: dict[str, Any] | None = None,
                     pod_spec: dict[str, Any] | None = None, access_mode: str = "ReadWriteOnce",
-                    spares: int = 0) -> dict[str, Any]:
+                    spares: int = 0, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """The job as a user writes it: the cluster's default StorageClass and no securityContext, so the operator's
     fsGroup default is what makes the root-owned volume writable for the worker (UID 10001). ``claim=False``: no
     checkpoint section at all, the API default (a per-pod emptyDir). ``pod_spec`` adds fields to the template's pod
-    spec (affinity, tolerations)."""
+    spec (affinity, tolerations); ``labels`` go on the DDPJob (Kueue's queue and priority)."""
     spec: dict[str, Any] = {
         "replicas": 2, "spares": spares, "nprocPerNode": "1", "maxRestarts": 3,
         "template": {"spec": {
@@ -188,8 +188,8 @@ def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: 
     if claim:
         volume_claim: dict[str, Any] = {"size": "1Gi", "accessModes": [access_mode]}
         spec["checkpoint"] = {"mountPath": "/checkpoints", "volumeClaim": volume_claim, "retainOnDelete": False}
-    return {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": name, "namespace": ns},
-            "spec": spec}
+    meta: dict[str, Any] = {"name": name, "namespace": ns, **({"labels": labels} if labels else {})}
+    return {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": meta, "spec": spec}
 
 
 def get_json(cluster: Cluster, *args: str) -> dict[str, Any]:
