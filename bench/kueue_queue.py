@@ -23,8 +23,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.operator_scale import PodCounter, api_client, delete_namespace, wait_until  # noqa: E402
-from tests.cluster.controlplane import down, free_port, up  # noqa: E402
+from bench.operator_scale import PodCounter, api_client, delete_namespace, start_operator, wait_until  # noqa: E402
+from tests.cluster.controlplane import down, up  # noqa: E402
 from tests.integration.operator_support import small_job  # noqa: E402
 
 V = "kueue.x-k8s.io/v1beta2"
@@ -59,10 +59,7 @@ def case(kubeconfig: Path, n: int, workers: int, queued: bool, logdir: Path) -> 
     if queued:
         queues(kubeconfig, ns)
     log = open(logdir / f"operator-{ns}.log", "wb")  # noqa: SIM115
-    op = subprocess.Popen([sys.executable, "-m", "ddpjob_operator.cli", "operator", "-n", ns,
-                           "--metrics-port", str(free_port()), "--liveness-port", str(free_port())],
-                          stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "KUBECONFIG": str(kubeconfig)},
-                          start_new_session=True)
+    op = start_operator(kubeconfig, ns, log)
     try:
         counter = PodCounter(api, ns, "ddpjob.io/replica-type=worker", n * workers)
         time.sleep(3)  # kopf's initial listing before the clock starts

@@ -158,6 +158,14 @@ def delete_namespace(kubeconfig: Path, ns: str) -> None:
                     "--timeout=600s"], check=False, capture_output=True)
 
 
+def start_operator(kubeconfig: Path, ns: str, log: Any) -> subprocess.Popen[bytes]:
+    """`ddpjob operator` watching ``ns``, its output into ``log``, in a process group of its own."""
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
+    return subprocess.Popen([sys.executable, "-m", "ddpjob_operator.cli", "operator", "-n", ns,
+                             "--metrics-port", str(free_port()), "--liveness-port", str(free_port())],
+                            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
 def run_operator_case(kubeconfig: Path, n: int, workers: int, logdir: Path, audit_log: Path) -> dict[str, Any]:
     from kubernetes import client
 
@@ -168,10 +176,7 @@ def run_operator_case(kubeconfig: Path, n: int, workers: int, logdir: Path, audi
     core.create_namespace({"metadata": {"name": ns}})
     wait_until(lambda: core.list_namespaced_service_account(ns).items, 30, "default SA")
     log = open(logdir / f"operator-{n}.log", "wb")  # noqa: SIM115
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    op = subprocess.Popen([sys.executable, "-m", "ddpjob_operator.cli", "operator", "-n", ns,
-                           "--metrics-port", str(free_port()), "--liveness-port", str(free_port())],
-                          stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    op = start_operator(kubeconfig, ns, log)
     try:
         sel = "ddpjob.io/replica-type=worker"
         counter = PodCounter(api, ns, sel, n * workers)

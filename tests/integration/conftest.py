@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import Cluster, wait_for
-from tests.integration.operator_support import CRD_PATH, Jobs, OperatorProcess
+from tests.integration.operator_support import CRD_PATH, Jobs, OperatorProcess, Pool
 
 
 @pytest.fixture(scope="session")
@@ -51,3 +51,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
     op = getattr(item, "funcargs", {}).get("operator")
     if report.failed and isinstance(op, OperatorProcess):
         report.sections.append(("operator log (tail)", op.tail(120)))
+
+
+@pytest.fixture
+def pool(cluster: Cluster, namespace: str) -> Iterator[Pool]:
+    """kwok nodes only this test's pods may use (tainted and labelled with the namespace), deleted after it."""
+    p = Pool(cluster, namespace)
+    try:
+        yield p
+    finally:
+        p.delete()

@@ -9,23 +9,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from tests.cluster.gang_scheduler import SCHEDULER_NAME
 from tests.conftest import Cluster, wait_for
 from tests.integration.operator_support import POOL_LABEL, Jobs, OperatorProcess, Pool, small_job
-
-
-@pytest.fixture
-def pool(cluster: Cluster, namespace: str) -> Iterator[Pool]:
-    p = Pool(cluster, namespace)
-    try:
-        yield p
-    finally:
-        p.delete()
 
 
 def job(name: str, ns: str, replicas: int, *, gang: bool = True, **spec: Any) -> dict[str, Any]:

@@ -78,15 +78,6 @@ class Kueue:
 
 
 @pytest.fixture
-def pool(cluster: Cluster, namespace: str) -> Iterator[Pool]:
-    p = Pool(cluster, namespace)
-    try:
-        yield p
-    finally:
-        p.delete()
-
-
-@pytest.fixture
 def kq(cluster: Cluster, namespace: str) -> Iterator[Kueue]:
     k = Kueue(cluster, namespace)
     try:
