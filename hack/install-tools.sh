@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the pinned cluster tools (Kubernetes control plane, etcd, kwok, helm, scheduler-plugins' scheduler;
+# Builds the pinned cluster tools (Kubernetes control plane, etcd, kwok, helm, scheduler-plugins' scheduler, Kueue;
 # kubelet, kube-proxy and CoreDNS with --node) from their Go modules into a cache outside the repo, keyed by
 # version.
 # A tool already in the cache is skipped, so a warm run takes well under a second.
@@ -86,6 +86,8 @@ tools=(
   "kwok|$KWOK_VERSION|sigs.k8s.io/kwok|sigs.k8s.io/kwok/cmd/kwok|plain"
   "helm|$HELM_VERSION|helm.sh/helm/v3|helm.sh/helm/v3/cmd/helm|plain"
   "scheduler-plugins|$SCHEDULER_PLUGINS_VERSION|sigs.k8s.io/scheduler-plugins|sigs.k8s.io/scheduler-plugins/cmd/scheduler|plain"
+  # Kueue's go.mod has no replace directives: nothing to repeat in replaces_of.
+  "kueue|$KUEUE_VERSION|sigs.k8s.io/kueue|sigs.k8s.io/kueue/cmd/kueue|kueue"
 )
 if [ "$want_node" = 1 ]; then
   tools+=(
@@ -177,10 +179,17 @@ for entry in "${tools[@]}"; do
   if [ "$name" = etcd ]; then
     ldflags+=" -X go.etcd.io/etcd/api/v3/version.GitSHA=${ver}"
   fi
+  # The version its log's first line reports (unset, it says v0.0.0-main).
+  [ "$kind" = kueue ] && ldflags+=" -X sigs.k8s.io/kueue/pkg/version.GitVersion=${ver}"
   mkdir -p "$(dirname "$out")"
   extra=:
   if [ "$name" = scheduler-plugins ]; then  # its PodGroup CRD, of the same version, goes next to the binary
     extra="cp \"\$(go env GOMODCACHE)/$mod@$ver/manifests/coscheduling/crd.yaml\" '$(dirname "$out")/podgroup-crd.yaml'"
+  fi
+  if [ "$name" = kueue ]; then  # its CRDs (in one file) and webhook configurations, of the same version
+    extra="m=\"\$(go env GOMODCACHE)/$mod@$ver/config/components\" && for f in \"\$m\"/crd/bases/*.yaml;"
+    extra+=" do echo ---; cat \"\$f\"; done >'$(dirname "$out")/kueue-crds.yaml'"
+    extra+=" && cp -f \"\$m/webhook/manifests.yaml\" '$(dirname "$out")/kueue-webhooks.yaml'"
   fi
   t_tool=$(date +%s)
   run_logged "$CACHE/logs/$name-$ver.log" "building $name" \
