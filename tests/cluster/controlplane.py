@@ -1,5 +1,5 @@
-"""Start and stop the local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok,
-all on loopback with free ports, state and logs under one directory so `down` can undo everything `up` did."""
+"""Start and stop the local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and
+Kueue, all on loopback with free ports, state and logs under one directory so `down` can undo everything `up` did."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from tests.cluster import gang_scheduler
+from tests.cluster import gang_scheduler, kueue
 from tests.cluster.pki import make_pki, write_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,6 +48,7 @@ def tool(name: str) -> Path:
         "helm": v["HELM_VERSION"],
         "coredns": v["COREDNS_VERSION"],
         "scheduler-plugins": v["SCHEDULER_PLUGINS_VERSION"],
+        "kueue": v["KUEUE_VERSION"],
     }.get(name, v["KUBERNETES_VERSION"])
     cache = Path(os.environ.get("DDPJOB_CACHE", Path.home() / ".cache" / "ddpjob"))
     path = cache / "bin" / f"{name}-{version}" / name
@@ -278,7 +279,7 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
     real = host != "127.0.0.1"
     pki = d / "pki"
     bins = {n: str(tool(n)) for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-                                      gang_scheduler.NAME)}
+                                      gang_scheduler.NAME, kueue.NAME)}
     log("certificates", t0)
     make_pki(pki, extra_sans=(f"IP:{host}",) if real else ())
     for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok", gang_scheduler.NAME):
@@ -322,8 +323,9 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
     readyz = f"https://{host}:{state.ports['apiserver']}/readyz"
     _wait("kube-apiserver", api, lambda: _https_ok(readyz, pki), state, 90)
 
-    log("kube-controller-manager, kube-scheduler, scheduler-plugins (PodGroup CRD), kwok", t0)
+    log("kube-controller-manager, kube-scheduler, scheduler-plugins (PodGroup CRD), kwok, Kueue", t0)
     kubeconfig = str(state.kubeconfig)
+    kueue_proc = kueue.start(state, Path(bins[kueue.NAME]))  # first: its CRDs and caches take longest
     # Before its scheduler starts: the coscheduling plugin watches PodGroups from its first moment.
     _kubectl(state, "apply", "--server-side", "-f", str(gang_scheduler.crd_path(Path(bins[gang_scheduler.NAME]))))
     kcm = _start(state, "kube-controller-manager", [
@@ -374,6 +376,7 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
         return bool(_kubectl(state, "get", "serviceaccount", "default", "-n", "default", "-o", "name").strip())
 
     _wait("kube-controller-manager", kcm, default_sa, state, 60)
+    kueue.wait_ready(state, kueue_proc)
 
 
 def _alive(pid: int) -> bool:

@@ -59,6 +59,14 @@ def make_pki(pki: Path, extra_sans: tuple[str, ...] = ()) -> None:
     _openssl("ec", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=pki)
 
 
+def serving_cert(pki: Path, name: str, sans: tuple[str, ...]) -> tuple[Path, Path]:
+    """(cert, key) of a serving certificate from the cluster CA, for a server the apiserver calls (a webhook):
+    made once per cluster directory, like make_pki's."""
+    if not (pki / f"{name}.crt").exists():
+        _signed_cert(name, f"/CN={name}", pki, sans=sans, server=True)
+    return pki / f"{name}.crt", pki / f"{name}.key"
+
+
 def write_kubeconfig(path: Path, server: str, pki: Path) -> None:
     """An admin kubeconfig with absolute paths to the certs (so it works from any directory)."""
     path.write_text(
