@@ -31,8 +31,10 @@ V = "kueue.x-k8s.io/v1beta2"
 
 
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> None:
-    subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", *args], input=stdin, text=True, check=True,
-                   capture_output=True)
+    proc = subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", *args], input=stdin, text=True,
+                          capture_output=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"kubectl {' '.join(args)}: {proc.stderr}")
 
 
 def queues(kubeconfig: Path, ns: str) -> None:
@@ -44,7 +46,7 @@ def queues(kubeconfig: Path, ns: str) -> None:
                                                     {"name": "memory", "nominalQuota": "100Ti"}]}]}]}},
             {"apiVersion": V, "kind": "LocalQueue", "metadata": {"name": "q", "namespace": ns},
              "spec": {"clusterQueue": "bench"}}]
-    kubectl(kubeconfig, "apply", "-f", "-", stdin="\n---\n".join(json.dumps(o) for o in objs))
+    kubectl(kubeconfig, "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
 
 
 def case(kubeconfig: Path, n: int, workers: int, queued: bool, logdir: Path) -> dict[str, Any]:

@@ -48,7 +48,7 @@ def _queues(cluster: Cluster, ns: str) -> list[str]:
         *({"apiVersion": V, "kind": "WorkloadPriorityClass", "metadata": {"name": name}, "value": value}
           for name, value in zip(PRIORITIES, (100, 1000), strict=True)),
     ]
-    cluster.kubectl("apply", "-f", "-", stdin="\n---\n".join(json.dumps(o) for o in objs))
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
     return [*(f"workloadpriorityclass/{p}" for p in PRIORITIES), f"clusterqueue/{ns}", f"resourceflavor/{ns}"]
 
 
