@@ -120,7 +120,8 @@ def test_a_preempted_job_resumes_from_its_sigterm_checkpoint_bitwise(background:
     assert resumed, f"kueue-preempt: nothing resumed after the re-admission\n{run.logs.text()}"
     first = run.logs.first_step_after(extra["readmitted_at"])
     lost = max(trained) - min(resumed)[2]
-    row = {"params": run.params_sha256[:16], "steps_lost": lost, "checkpoint_step": max(saved), "resumed_step": min(resumed)[2],
+    row = {"params": run.params_sha256[:16], "steps_lost": lost, "checkpoint_step": max(saved),
+           "resumed_step": min(resumed)[2],
            "evicted_to_released_s": extra["released_s"],
            "readmitted_to_first_step_s": round(first - extra["readmitted_at"], 1) if first else None,
            "incidents": run.status.get("incidentCount", 0), "wall_seconds": round(run.wall_seconds, 1)}
