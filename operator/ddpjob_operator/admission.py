@@ -27,10 +27,11 @@ class WorkloadWrite:
 
     name: str
     op: str
-    """"clear" or "finish"."""
+    """"clear", "podsready" or "finish"."""
     reason: str
     message: str
     succeeded: bool = False
+    """Finished: Succeeded or Failed; PodsReady: True or False."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +98,21 @@ def conditions(g: queueing.Gate, view: WorkloadView | None) -> list[st.Aux]:
                 st.Aux(ADMITTED, True, ADMITTED, truncate(f"admitted by Kueue: {kueue.describe(view)}"))]
     return [st.Aux(st.QUEUED, True, g.reason, truncate(g.message)),
             st.Aux(ADMITTED, False, g.reason, "not admitted by Kueue", show=True)]
+
+
+def pods_ready(job: DDPJob, view: WorkloadView | None, state: str) -> list[WorkloadWrite]:
+    """The Workload's PodsReady condition (Kueue's waitForPodsReady): False (WaitForStart) from the admission until
+    every pod runs, then True, and it stays True through a recovery. The operator replaces lost pods itself within
+    the job's own budget (backoffLimit, the stall deadlines), so a recovery is not a reason for Kueue to evict the
+    job after its recoveryTimeout: only a start that never completes is (docs/scheduling.md, "Kueue")."""
+    if kueue.queue_name(job) is None or view is None or not view.admitted:
+        return []
+    old = view.conditions.get("PodsReady")
+    ready = state == st.RUNNING or (old is not None and old.status)
+    if old is not None and old.status == ready:
+        return []
+    reason = "Started" if ready else "WaitForStart"
+    return [WorkloadWrite(kueue.workload_name(job), "podsready", reason, "", ready)]
 
 
 def finish(job: DDPJob, view: WorkloadView | None, succeeded: bool, message: str) -> list[WorkloadWrite]:

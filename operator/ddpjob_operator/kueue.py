@@ -192,8 +192,20 @@ def clear_admission_patch(obj: Mapping[str, Any], reason: str, message: str, now
     conditions = _set(conditions, "Admitted", False, "NoReservation", "The workload has no reservation", now)
     requeued = reason in ("Preempted", "NodeFailures")
     conditions = _set(conditions, "Requeued", requeued, reason, message, now)
+    if any(c.get("type") == "PodsReady" for c in conditions):  # admitted again, it must start again in time
+        conditions = _set(conditions, "PodsReady", False, "WaitForStart", "Not all pods are ready or succeeded", now)
     return {"metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")},
             "status": {"admission": None, "conditions": conditions}}
+
+
+def pods_ready_patch(obj: Mapping[str, Any], ready: bool, reason: str, now: str) -> Obj:
+    """Merge patch of a Workload's PodsReady condition (what Kueue's waitForPodsReady times), in Kueue's words."""
+    message = ("All pods reached readiness and the workload is running" if ready
+               else "Not all pods are ready or succeeded")
+    conditions = _set(list((obj.get("status") or {}).get("conditions") or []), "PodsReady", ready, reason, message,
+                      now)
+    return {"metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")},
+            "status": {"conditions": conditions}}
 
 
 def finished_patch(obj: Mapping[str, Any], succeeded: bool, message: str, now: str) -> Obj:

@@ -54,9 +54,14 @@ async def write(kube: Kube, namespace: str, writes: Sequence[WorkloadWrite], now
         obj = await kube.get(_GROUP_VERSION, kueue.WORKLOAD, namespace, w.name)
         if obj is None:
             continue
-        stamp = format_time(now)
-        patch: dict[str, Any] = (kueue.clear_admission_patch(obj, w.reason, w.message, stamp) if w.op == "clear"
-                                 else kueue.finished_patch(obj, w.succeeded, w.message, stamp))
-        if await kube.patch_workload_status(namespace, w.name, patch):
-            log.info("workload=%s/%s %s (%s)", namespace, w.name,
-                     "quota given back" if w.op == "clear" else "marked Finished", w.reason)
+        if await kube.patch_workload_status(namespace, w.name, _patch(obj, w, format_time(now))):
+            done = {"clear": "quota given back", "podsready": f"PodsReady={w.succeeded}", "finish": "marked Finished"}
+            log.info("workload=%s/%s %s (%s)", namespace, w.name, done[w.op], w.reason)
+
+
+def _patch(obj: Mapping[str, Any], w: WorkloadWrite, stamp: str) -> dict[str, Any]:
+    if w.op == "clear":
+        return kueue.clear_admission_patch(obj, w.reason, w.message, stamp)
+    if w.op == "podsready":
+        return kueue.pods_ready_patch(obj, w.succeeded, w.reason, stamp)
+    return kueue.finished_patch(obj, w.succeeded, w.message, stamp)

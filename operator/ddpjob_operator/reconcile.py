@@ -70,7 +70,8 @@ class _Pass:
     completion_time: str | None = None
     aux: list[st.Aux] = dataclasses.field(default_factory=list)
     placements: dict[str, kueue.Placement] | None = None
-    """Kueue's placement of each replica type (an admitted queued job)."""
+    """Kueue's placement of each replica type (an admitted queued job), and its Workload as seen."""
+    workload: kueue.WorkloadView | None = None
 
     def status(self, outcome: st.Outcome) -> Obj:
         counts = st.Counts(
@@ -134,7 +135,7 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
         ps.aux += admission.conditions(gate, view)
         if not gate.run or view is None:
             return _held(result, ps, gate.reason, gate.clear_admission)
-        ps.placements = admission.placements(job, view, observed.kueue)
+        ps.placements, ps.workload = admission.placements(job, view, observed.kueue), view
         ps.job = job = admission.capped(job, ps.placements[names.TYPE_WORKER].count)
     ps.start_time = suspend.start_time_after_resume(False, ps.start_time, format_time(now))
     started = parse_time(ps.start_time)
@@ -207,7 +208,9 @@ def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
         result.requeue_at(now + timedelta(seconds=CONFLICT_RECHECK_SECONDS), now)
     _recovery(result, ps)
     _aux(ps, verdict, conflicts)
-    return _with_status(result, ps.old, ps.status(_state(ps, decision)))
+    outcome = _state(ps, decision)
+    result.workload_writes += admission.pods_ready(job, ps.workload, outcome.state)
+    return _with_status(result, ps.old, ps.status(outcome))
 
 
 def _children(result: Plan, ps: _Pass) -> children.ChildrenDecision:

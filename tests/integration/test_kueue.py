@@ -165,6 +165,10 @@ def test_an_elastic_job_with_quota_for_three_runs_three(namespace: str, operator
     assert wl is not None
     counts = {a["name"]: a["count"] for a in wl["status"]["admission"]["podSetAssignments"]}
     assert counts == {"workers": 3, "rendezvous": 1}, counts
+    # Every admitted pod runs: PodsReady=True on the Workload (Kueue's waitForPodsReady reads it).
+    wait_for(lambda: any(c["type"] == "PodsReady" and c["status"] == "True" and c["reason"] == "Started"
+                         for c in (kq.workload("ela") or {}).get("status", {}).get("conditions", [])),
+             timeout=30, describe="the Workload PodsReady=True")
     time.sleep(3)
     assert len(jobs.live_pods("ela")) == 3 and jobs.get("ela")["status"]["ready"].endswith("/3")
 

@@ -241,3 +241,24 @@ def test_metrics_see_the_wait_and_the_eviction_once() -> None:
     assert transitions(running, evicted, at(50)) == (None, "PodsReadyTimeout")
     assert transitions(evicted, evicted, at(51)) == (None, None), "counted once, not every pass"
     assert transitions(queued, queued, at(60)) == (None, None)
+
+
+def test_pods_ready_false_until_every_pod_runs_then_true_through_a_recovery() -> None:
+    c = KueueCluster(queued().obj())
+    c.step(at(0))
+    c.admit()
+    p = c.step(at(1))
+    assert [(w.op, w.succeeded, w.reason) for w in p.workload_writes] == [("podsready", False, "WaitForStart")]
+    c.workload["status"]["conditions"].append({"type": "PodsReady", "status": "False", "reason": "WaitForStart"})
+    for pod in c.pods.values():
+        pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    p = c.step(at(2))
+    assert c.status["state"] == st.RUNNING
+    assert [(w.op, w.succeeded, w.reason) for w in p.workload_writes] == [("podsready", True, "Started")]
+    c.workload["status"]["conditions"][-1] = {"type": "PodsReady", "status": "True", "reason": "Started"}
+    c.set_phase("job-worker-1", "Failed", exit_code=137, finished=at(3))
+    p = c.step(at(3))
+    assert c.status["state"] == st.RESTARTING and p.workload_writes == [], "a recovery keeps PodsReady True"
+    patch = kueue.clear_admission_patch(c.workload, "Preempted", "evicted", "t")
+    ready = {x["type"]: x for x in patch["status"]["conditions"]}["PodsReady"]
+    assert (ready["status"], ready["reason"]) == ("False", "WaitForStart"), "admitted again, it must start again"
