@@ -25,7 +25,7 @@ from ddpjob_operator.kube import Kube, NamespaceTerminating, Rejected
 from ddpjob_operator.memory import JobMemory, backoff
 from ddpjob_operator.observed import PodView, count, truncate
 from ddpjob_operator.policies import status_writes
-from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.spec import QUEUE_LABEL, InvalidSpec, parse_ddpjob
 from ddpjob_operator.workqueue import WorkQueue
 
 log = logging.getLogger("ddpjob.controller")
@@ -303,6 +303,8 @@ class Controller:
     async def _kueue_inputs(self, body: Mapping[str, Any], key: Key, mem: JobMemory) -> planner.KueueInputs:
         """A queued job's priority class and admitted flavors (kueue_io); nothing for an invalid job."""
         assert self.kube is not None
+        if not ((body.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL):
+            return planner.KueueInputs()  # most jobs: no second parse of the body on every pass
         try:
             job = parse_ddpjob(body)
         except InvalidSpec:
