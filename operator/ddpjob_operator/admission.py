@@ -141,3 +141,39 @@ def transitions(old: Mapping[str, Any], new: Mapping[str, Any], now: datetime) -
         evicted = match[1] if match else "Unknown"
     return waited, evicted
 
+
+def _conditions(obj: Mapping[str, Any], changes: Sequence[tuple[str, bool, str, str]], now: datetime) -> Obj:
+    """Merge patch of a Workload's status conditions, each change set by the same rule as the job's own
+    (status.set_condition: lastTransitionTime moves only when the status flips), conditional on the Workload's
+    resourceVersion."""
+    meta = obj.get("metadata") or {}
+    conds = list((obj.get("status") or {}).get("conditions") or [])
+    for ctype, status, reason, message in changes:
+        conds = st.set_condition(conds, ctype, status, reason, message, now, int(meta.get("generation") or 0))
+    return {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "status": {"conditions": conds}}
+
+
+def clear_admission_patch(obj: Mapping[str, Any], reason: str, message: str, now: datetime) -> Obj:
+    """Gives an evicted Workload's quota back once no pod of the job is active, as jobframework does
+    (UnsetQuotaReservationWithCondition + SetRequeuedCondition): admission removed, QuotaReserved and Admitted
+    False, Requeued True for a preemption, PodsReady False (admitted again, the job must start again in time)."""
+    changes = [("QuotaReserved", False, "Pending", message),
+               ("Admitted", False, "NoReservation", "The workload has no reservation"),
+               ("Requeued", reason in ("Preempted", "NodeFailures"), reason, message)]
+    if any(c.get("type") == "PodsReady" for c in (obj.get("status") or {}).get("conditions") or []):
+        changes.append(("PodsReady", False, "WaitForStart", "Not all pods are ready or succeeded"))
+    patch = _conditions(obj, changes, now)
+    patch["status"]["admission"] = None
+    return patch
+
+
+def pods_ready_patch(obj: Mapping[str, Any], ready: bool, reason: str, now: datetime) -> Obj:
+    """The Workload's PodsReady condition (what Kueue's waitForPodsReady times), in Kueue's words."""
+    message = ("All pods reached readiness and the workload is running" if ready
+               else "Not all pods are ready or succeeded")
+    return _conditions(obj, [("PodsReady", ready, reason, message)], now)
+
+
+def finished_patch(obj: Mapping[str, Any], succeeded: bool, message: str, now: datetime) -> Obj:
+    """Marks a Workload Finished (Kueue then releases its quota and leaves it alone)."""
+    return _conditions(obj, [("Finished", True, "Succeeded" if succeeded else "Failed", message)], now)

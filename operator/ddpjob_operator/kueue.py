@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from ddpjob_operator import names
@@ -181,47 +181,3 @@ def describe(view: WorkloadView) -> str:
         flavors = ", ".join(f"{r}={f}" for r, f in sorted(by_resource.items())) or "no flavor"
         parts.append(f"{name}: {count if count is not None else '-'} pod(s), {flavors}")
     return "; ".join(parts)
-
-
-def clear_admission_patch(obj: Mapping[str, Any], reason: str, message: str, now: str) -> Obj:
-    """Merge patch of a Workload's status that gives its quota back after an eviction, once no pod of the job is
-    active, as jobframework does (UnsetQuotaReservationWithCondition + SetRequeuedCondition): admission removed,
-    QuotaReserved and Admitted False, Requeued True for a preemption. The resourceVersion makes it conditional."""
-    conditions = _set(list((obj.get("status") or {}).get("conditions") or []), "QuotaReserved", False, "Pending",
-                      message, now)
-    conditions = _set(conditions, "Admitted", False, "NoReservation", "The workload has no reservation", now)
-    requeued = reason in ("Preempted", "NodeFailures")
-    conditions = _set(conditions, "Requeued", requeued, reason, message, now)
-    if any(c.get("type") == "PodsReady" for c in conditions):  # admitted again, it must start again in time
-        conditions = _set(conditions, "PodsReady", False, "WaitForStart", "Not all pods are ready or succeeded", now)
-    return {"metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")},
-            "status": {"admission": None, "conditions": conditions}}
-
-
-def pods_ready_patch(obj: Mapping[str, Any], ready: bool, reason: str, now: str) -> Obj:
-    """Merge patch of a Workload's PodsReady condition (what Kueue's waitForPodsReady times), in Kueue's words."""
-    message = ("All pods reached readiness and the workload is running" if ready
-               else "Not all pods are ready or succeeded")
-    conditions = _set(list((obj.get("status") or {}).get("conditions") or []), "PodsReady", ready, reason, message,
-                      now)
-    return {"metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")},
-            "status": {"conditions": conditions}}
-
-
-def finished_patch(obj: Mapping[str, Any], succeeded: bool, message: str, now: str) -> Obj:
-    """Merge patch marking a Workload Finished (Kueue then releases its quota and leaves it alone)."""
-    conditions = _set(list((obj.get("status") or {}).get("conditions") or []), "Finished", True,
-                      "Succeeded" if succeeded else "Failed", message, now)
-    return {"metadata": {"resourceVersion": (obj.get("metadata") or {}).get("resourceVersion")},
-            "status": {"conditions": conditions}}
-
-
-def _set(conditions: Sequence[Mapping[str, Any]], ctype: str, status: bool, reason: str, message: str,
-         now: str) -> list[Obj]:
-    text = "True" if status else "False"
-    out = [dict(c) for c in conditions if c.get("type") != ctype]
-    old = next((c for c in conditions if c.get("type") == ctype), None)
-    ltt = old.get("lastTransitionTime") if old is not None and old.get("status") == text else now
-    out.append({"type": ctype, "status": text, "reason": reason, "message": message[:32768],
-                "lastTransitionTime": ltt})
-    return out

@@ -13,7 +13,7 @@ from ddpjob_operator import admission, kueue
 from ddpjob_operator.admission import KueueInputs, WorkloadWrite
 from ddpjob_operator.kube import API_VERSIONS, Kube
 from ddpjob_operator.memory import JobMemory
-from ddpjob_operator.observed import ChildView, format_time
+from ddpjob_operator.observed import ChildView
 from ddpjob_operator.spec import DDPJob
 
 log = logging.getLogger("ddpjob.kueue")
@@ -54,14 +54,14 @@ async def write(kube: Kube, namespace: str, writes: Sequence[WorkloadWrite], now
         obj = await kube.get(_GROUP_VERSION, kueue.WORKLOAD, namespace, w.name)
         if obj is None:
             continue
-        if await kube.patch_workload_status(namespace, w.name, _patch(obj, w, format_time(now))):
+        if await kube.patch_workload_status(namespace, w.name, _patch(obj, w, now)):
             done = {"clear": "quota given back", "podsready": f"PodsReady={w.succeeded}", "finish": "marked Finished"}
             log.info("workload=%s/%s %s (%s)", namespace, w.name, done[w.op], w.reason)
 
 
-def _patch(obj: Mapping[str, Any], w: WorkloadWrite, stamp: str) -> dict[str, Any]:
+def _patch(obj: Mapping[str, Any], w: WorkloadWrite, now: datetime) -> dict[str, Any]:
     if w.op == "clear":
-        return kueue.clear_admission_patch(obj, w.reason, w.message, stamp)
+        return admission.clear_admission_patch(obj, w.reason, w.message, now)
     if w.op == "podsready":
-        return kueue.pods_ready_patch(obj, w.succeeded, w.reason, stamp)
-    return kueue.finished_patch(obj, w.succeeded, w.message, stamp)
+        return admission.pods_ready_patch(obj, w.succeeded, w.reason, now)
+    return admission.finished_patch(obj, w.succeeded, w.message, now)

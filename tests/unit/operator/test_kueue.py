@@ -7,10 +7,11 @@ import dataclasses
 from typing import Any
 
 import pytest
-from ddpjob_operator import kueue
+from ddpjob_operator import admission, kueue
 from ddpjob_operator import status as st
 from ddpjob_operator.admission import KueueInputs
 from ddpjob_operator.kueue import Condition, WorkloadView
+from ddpjob_operator.observed import format_time
 from ddpjob_operator.policies import queueing
 from ddpjob_operator.reconcile import Plan, plan
 from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
@@ -219,12 +220,13 @@ def test_clear_admission_patch_gives_the_quota_back_conditionally() -> None:
     obj = {"metadata": {"resourceVersion": "42"}, "status": {"conditions": [
         {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved", "message": "",
          "lastTransitionTime": "t0"}]}}
-    patch = kueue.clear_admission_patch(obj, "Preempted", "evicted", "t1")
+    patch = admission.clear_admission_patch(obj, "Preempted", "evicted", at(1))
     assert patch["metadata"]["resourceVersion"] == "42" and patch["status"]["admission"] is None
     conds = {c["type"]: c for c in patch["status"]["conditions"]}
-    assert conds["QuotaReserved"]["status"] == "False" and conds["QuotaReserved"]["lastTransitionTime"] == "t1"
+    assert conds["QuotaReserved"]["status"] == "False"
+    assert conds["QuotaReserved"]["lastTransitionTime"] == format_time(at(1))
     assert conds["Admitted"]["status"] == "False" and conds["Requeued"]["status"] == "True"
-    done = kueue.finished_patch(obj, False, "failed", "t2")
+    done = admission.finished_patch(obj, False, "failed", at(2))
     assert {c["type"]: c["reason"] for c in done["status"]["conditions"]}["Finished"] == "Failed"
 
 
@@ -259,6 +261,6 @@ def test_pods_ready_false_until_every_pod_runs_then_true_through_a_recovery() ->
     c.set_phase("job-worker-1", "Failed", exit_code=137, finished=at(3))
     p = c.step(at(3))
     assert c.status["state"] == st.RESTARTING and p.workload_writes == [], "a recovery keeps PodsReady True"
-    patch = kueue.clear_admission_patch(c.workload, "Preempted", "evicted", "t")
+    patch = admission.clear_admission_patch(c.workload, "Preempted", "evicted", at(4))
     ready = {x["type"]: x for x in patch["status"]["conditions"]}["PodsReady"]
     assert (ready["status"], ready["reason"]) == ("False", "WaitForStart"), "admitted again, it must start again"
