@@ -1,7 +1,10 @@
-# ddpjob images: `--target operator` (kopf operator, no torch) and `--target worker` (torch, ddp-worker).
+# ddpjob images: `--target operator` (kopf operator, no torch), `--target worker` (torch, ddp-worker) and
+# `--target runtime` (the pure-Python worker runtime the operator injects into users' own images, and the
+# rendezvous store's image).
 #
 #   docker build --target operator -t ddpjob-operator:dev .
 #   docker build --target worker   -t ddpjob-worker:dev .
+#   docker build --target runtime  -t ddpjob-runtime:dev .
 #
 # With network access that is all: pip installs from PyPI. Offline, put wheels into hack/wheelhouse/ and add
 # `--build-arg PIP_ARGS=--no-index` (hack/images.sh does this from a wheelhouse downloaded on the host).
@@ -84,3 +87,14 @@ USER 10001:10001
 ENV HOME=/home/ddpjob
 WORKDIR /home/ddpjob
 ENTRYPOINT ["ddp-worker"]
+
+# The injected runtime (docs/worker.md): an init container of this image copies /opt/ddpjob-runtime into the worker
+# pod, where the user's own Python and torch run it; the rendezvous pod runs bin/ddpjob-rdzv here with the base's
+# python3. Only the package's source and the two launchers: no venv, no dependencies, no bytecode (.dockerignore
+# keeps __pycache__ out; the user's Python may be another minor version than this one). FROM base, not from a
+# dependency stage, so it stays the size of the base plus ~1 MB and a code change rebuilds only these layers.
+FROM base AS runtime
+COPY worker/ddpjob_worker/ /opt/ddpjob-runtime/lib/ddpjob_worker/
+COPY worker/bin/ /opt/ddpjob-runtime/bin/
+USER 10001:10001
+WORKDIR /home/ddpjob

@@ -234,7 +234,7 @@ def local_cluster(directory: Path) -> tuple[Cluster, Callable[[], None]]:
 
     state = up(directory, real_node=True, nodes=1)
     cluster = Cluster(state.kubeconfig)
-    t.import_images(directory, [t.OPERATOR_IMAGE, t.WORKER_IMAGE])
+    t.import_images(directory, t.NODE_IMAGES)
     t.helm_install_operator(cluster)
     return cluster, lambda: down(directory, quiet=True)
 

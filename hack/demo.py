@@ -92,7 +92,7 @@ def main() -> int:
     cluster = ensure_cluster(directory)
     rc = 1
     try:
-        t.import_images(directory, [t.OPERATOR_IMAGE, t.WORKER_IMAGE])
+        t.import_images(directory, t.NODE_IMAGES)
         t.helm_install_operator(cluster)
         job = yaml.safe_load(args.manifest.read_text())
         name = job["metadata"]["name"]

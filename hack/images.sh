@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Builds ddpjob-operator:dev and ddpjob-worker:dev from the Dockerfile on a machine that cannot pull images
-# or reach HTTPS from inside containers (used by `make images`, CI and the e2e tier).
+# Builds ddpjob-operator:dev, ddpjob-worker:dev and ddpjob-runtime:dev from the Dockerfile on a machine that cannot
+# pull images or reach HTTPS from inside containers (used by `make images`, CI and the e2e tier).
 #
-#   hack/images.sh            install docker.io if missing, start dockerd if none runs, build both images
+#   hack/images.sh            install docker.io if missing, start dockerd if none runs, build the three images
+#   hack/images.sh --e2e      the same, plus the e2e tier's plain user image ddpjob-plain:torch-<oldest supported>
+#                             (tests/e2e/images/plain/Dockerfile: python + torch + a script, nothing of ddpjob)
 #   hack/images.sh --stop     stop the dockerd this script started (never one it did not start)
 #   hack/images.sh --running  exit 0 when a dockerd this script started runs (hack/e2e.sh, hack/test.sh)
 #
@@ -17,7 +19,11 @@
 #   4. The wheelhouse: wheels for every dependency, downloaded on the host (which trusts the local CA)
 #      with the versions pinned to those in .venv, into $CACHE/wheelhouse (outside the repo).
 #   5. A build context in $CACHE/image-context: the repo's git-visible files plus the wheels hardlinked into
-#      hack/wheelhouse/, then `docker build --target operator|worker` with PIP_ARGS=--no-index.
+#      hack/wheelhouse/, then `docker build --target operator|worker` with PIP_ARGS=--no-index; the runtime target
+#      from $CACHE/runtime-context (worker/ only).
+#   6. With --e2e: `pip download torch==<version>` on the host into $CACHE/wheelhouse-torch-<version> (once per
+#      version; the version is the first word of TORCH_COMPAT_VERSIONS in hack/versions.env), a context of the
+#      Dockerfile, the tutorial script and those wheels in $CACHE/plain-context, and `docker build` of it.
 # Environment: DDPJOB_CACHE (default ~/.cache/ddpjob), TAG (default dev), DOCKER (client binary),
 # DDPJOB_DOCKER_ROOT (--data-root of a dockerd this script starts: a disk with room for the ~9 GB of images and
 # build cache, or an empty directory to measure a cold build).
@@ -39,6 +45,12 @@ started_dockerd() {
   [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null \
     && [ "$(ps -o comm= -p "$(cat "$PIDFILE")")" = dockerd ]
 }
+
+E2E=0
+if [ "${1:-}" = "--e2e" ]; then
+  E2E=1
+  shift
+fi
 
 if [ "${1:-}" = "--running" ]; then
   started_dockerd
@@ -146,17 +158,53 @@ git ls-files -co --exclude-standard -z | tar --null --ignore-failed-read -T - -c
 mkdir -p "$CTX/hack/wheelhouse"
 cp -al "$WHEELHOUSE"/*.whl "$CTX/hack/wheelhouse/" 2>/dev/null || cp "$WHEELHOUSE"/*.whl "$CTX/hack/wheelhouse/"
 took "build context staged in $CTX"
-for target in operator worker; do
-  log "docker build --target $target -t ddpjob-$target:$TAG"
-  old=$("$DOCKER" image inspect -f '{{.Id}}' "ddpjob-$target:$TAG" 2>/dev/null || true)
-  "$DOCKER" build "${progress[@]}" --target "$target" -t "ddpjob-$target:$TAG" --build-arg PIP_ARGS=--no-index "$CTX" \
-    >"$CACHE/build-$target.log" 2>&1 || { tail -n 40 "$CACHE/build-$target.log"; exit 1; }
-  took "ddpjob-$target:$TAG built, $("$DOCKER" image inspect -f '{{.Size}}' "ddpjob-$target:$TAG" \
-    | awk '{printf "%.0f MB", $1/1e6}')"
+# build IMAGE LOG docker-build-arguments...: build, log the size, and drop the image this build replaced.
+build() {
+  local image=$1 logfile=$2 old
+  shift 2
+  log "docker build -t $image"
+  old=$("$DOCKER" image inspect -f '{{.Id}}' "$image" 2>/dev/null || true)
+  "$DOCKER" build "${progress[@]}" -t "$image" "$@" >"$logfile" 2>&1 || { tail -n 40 "$logfile"; exit 1; }
+  took "$image built, $("$DOCKER" image inspect -f '{{.Size}}' "$image" | awk '{printf "%.0f MB", $1/1e6}')"
   # The image this build replaced is now untagged; after a dependency change it pins a 6 GB venv layer. Only
   # that image goes (a container or another tag using it keeps it: rmi then fails, and that is fine).
-  if [ -n "$old" ] && [ "$old" != "$("$DOCKER" image inspect -f '{{.Id}}' "ddpjob-$target:$TAG")" ]; then
+  if [ -n "$old" ] && [ "$old" != "$("$DOCKER" image inspect -f '{{.Id}}' "$image")" ]; then
     "$DOCKER" rmi "$old" >/dev/null 2>&1 || true
   fi
+}
+for target in operator worker; do
+  build "ddpjob-$target:$TAG" "$CACHE/build-$target.log" --target "$target" --build-arg PIP_ARGS=--no-index "$CTX"
 done
+# The runtime from a context of its own (worker/ only): BuildKit keeps one copy of a context directory and syncs it to
+# the paths the target uses, so a runtime build from $CTX would drop the wheels from that copy and the next operator
+# build would send all 3 GB again (~25 s instead of ~1 s).
+RUNTIME_CTX=$CACHE/runtime-context
+rm -rf "$RUNTIME_CTX" && mkdir -p "$RUNTIME_CTX"
+cp -a "$CTX/worker" "$CTX/.dockerignore" "$RUNTIME_CTX/"
+build "ddpjob-runtime:$TAG" "$CACHE/build-runtime.log" --target runtime -f "$CTX/Dockerfile" "$RUNTIME_CTX"
+
+# 6. The e2e tier's plain user image: torch of the oldest supported release and nothing of ours.
+if [ "$E2E" = 1 ]; then
+  # shellcheck disable=SC1091  # KEY=value lines only
+  torch_versions=$(. hack/versions.env && echo "${TORCH_COMPAT_VERSIONS:-}")
+  torch_version=${torch_versions%% *}
+  torch_version=${torch_version:-2.6.0}
+  PLAIN_WHEELHOUSE=$CACHE/wheelhouse-torch-$torch_version
+  if [ ! -f "$PLAIN_WHEELHOUSE/.complete" ]; then
+    log "downloading torch==$torch_version and its dependencies into $PLAIN_WHEELHOUSE"
+    rm -rf "$PLAIN_WHEELHOUSE" && mkdir -p "$PLAIN_WHEELHOUSE"
+    # The host's pip configuration (index, CA) applies; the image's Python is the same 3.11 on x86_64.
+    "$REPO/.venv/bin/python" -m pip download -q --progress-bar off --only-binary=:all: -d "$PLAIN_WHEELHOUSE" \
+      "torch==$torch_version"
+    touch "$PLAIN_WHEELHOUSE/.complete"
+    took "torch $torch_version wheelhouse ready ($(du -sh "$PLAIN_WHEELHOUSE" | cut -f1))"
+  fi
+  PLAIN_CTX=$CACHE/plain-context
+  rm -rf "$PLAIN_CTX" && mkdir -p "$PLAIN_CTX/wheelhouse"
+  cp tests/e2e/images/plain/Dockerfile "$PLAIN_CTX/"
+  cp tests/e2e/images/plain/train.py "$PLAIN_CTX/train.py"
+  cp -al "$PLAIN_WHEELHOUSE"/*.whl "$PLAIN_CTX/wheelhouse/" 2>/dev/null || cp "$PLAIN_WHEELHOUSE"/*.whl "$PLAIN_CTX/wheelhouse/"
+  build "ddpjob-plain:torch-$torch_version" "$CACHE/build-plain.log" --build-arg "TORCH_VERSION=$torch_version" \
+    --build-arg PIP_ARGS=--no-index "$PLAIN_CTX"
+fi
 log "done in $(( $(date +%s) - t_start )) s"

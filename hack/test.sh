@@ -2,7 +2,7 @@
 # `make test` (and so CI): test-fast, then the e2e tier, with the set-up that waits on the network or the disk
 # run beside work that needs the CPU, so a cold machine pays for less of it one after the other:
 #   1. the venv (pip: downloading and unpacking torch) beside the control-plane tool builds (Go: compiling);
-#   2. the e2e tier's own set-up (Debian packages, kubelet/kube-proxy/CoreDNS builds, both images) beside
+#   2. the e2e tier's own set-up (Debian packages, kubelet/kube-proxy/CoreDNS builds, the images) beside
 #      test-fast, at the lowest CPU and I/O priority so the tests it shares the two cores with keep theirs
 #      (their waits are timed). `make e2e` then finds it all cached, or builds what the background could not.
 # A warm run costs the same as before: every step is then a cache check. Rows of what ran beside another phase
@@ -50,7 +50,7 @@ if [ "$venv_rc" != 0 ]; then tail -n 40 .out/venv.log >&2; echo "[test] venv fai
 
 echo "[test] e2e set-up beside test-fast, at the lowest priority (its log: .out/e2e-setup.log)"
 beside e2e-setup .out/e2e-setup.log nice -n 19 ionice -c 3 bash -c \
-  "bash hack/timed.sh node-packages bash hack/node-packages.sh && bash hack/timed.sh node-tools bash hack/install-tools.sh --node && bash hack/timed.sh images bash hack/images.sh"
+  "bash hack/timed.sh node-packages bash hack/node-packages.sh && bash hack/timed.sh node-tools bash hack/install-tools.sh --node && bash hack/timed.sh images bash hack/images.sh --e2e"
 setup_pid=${bg[-1]}
 $MAKE --no-print-directory test-fast
 fast_rc=$?

@@ -7,8 +7,12 @@ INSTALL_NAMESPACE ?= ddpjob-system
 INSTALL_RELEASE ?= ddpjob-operator
 
 .PHONY: images
-images: venv ## Build ddpjob-operator:dev and ddpjob-worker:dev (installs/starts Docker; cached)
+images: venv ## Build ddpjob-operator:dev, ddpjob-worker:dev and ddpjob-runtime:dev (installs/starts Docker; cached)
 	@bash hack/images.sh
+
+.PHONY: images-e2e
+images-e2e: venv ## `make images` plus the e2e tier's plain user image ddpjob-plain:torch-<oldest supported> (~5.6 GB)
+	@bash hack/images.sh --e2e
 
 .PHONY: images-stop
 images-stop: ## Stop the dockerd that `make images` started (if it did)
@@ -36,10 +40,10 @@ chart-lint: venv tools ## helm lint --strict the chart, with defaults and with w
 IMAGE_TARS ?= $(or $(DDPJOB_CACHE),$(HOME)/.cache/ddpjob)/image-tars
 
 .PHONY: images-save
-images-save: images ## docker save both :dev images to ~/.cache/ddpjob/image-tars/ (skipped while the image is unchanged)
+images-save: images ## docker save the three :dev images to ~/.cache/ddpjob/image-tars/ (skipped while the image is unchanged)
 	@mkdir -p $(IMAGE_TARS)
 	@docker=$$(test -x /usr/bin/docker && echo /usr/bin/docker || echo docker); \
-	for img in ddpjob-operator ddpjob-worker; do \
+	for img in ddpjob-operator ddpjob-worker ddpjob-runtime; do \
 	  id=$$($$docker image inspect -f '{{.Id}}' $$img:dev | cut -c8-19); tar=$(IMAGE_TARS)/$$img-dev-$$id.tar; \
 	  if [ ! -f $$tar ]; then rm -f $(IMAGE_TARS)/$$img-dev-*.tar; $$docker save -o $$tar.tmp $$img:dev && mv $$tar.tmp $$tar; fi; \
 	  echo $$tar; \

@@ -1,5 +1,5 @@
-"""The conditions beside a job's state (Stalled, ChildConflict, CreateRefused, Queued): each says what blocks or
-threatens the job while it lasts. Pure: the planner's view of the job in, the conditions out."""
+"""The conditions beside a job's state (Stalled, ChildConflict, CreateRefused, Queued, PodsCannotStart): each says
+what blocks or threatens the job while it lasts. Pure: the planner's view of the job in, the conditions out."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from ddpjob_operator import status as st
 from ddpjob_operator.observed import PodView, truncate
-from ddpjob_operator.policies import children, failure, incidents, queued, stall
+from ddpjob_operator.policies import cannot_start, children, failure, incidents, queued, stall
 from ddpjob_operator.policies.children import ChildKey, Problem
 
 
@@ -40,4 +40,6 @@ def aux_conditions(recent: Sequence[Mapping[str, Any]], verdict: stall.Verdict |
         out.append(st.Aux(st.CREATE_REFUSED, False, "Created", "the API server accepted every create"))
     q = queued.decide(pods, gang=gang)
     out.append(st.Aux(st.QUEUED, q.queued, q.reason, q.message))
+    c = cannot_start.decide(pods)
+    out.append(st.Aux(st.CANNOT_START, c.blocked, c.reason, c.message))
     return out

@@ -9,9 +9,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ddpjob_worker.contract import DEFAULT_TERMINATION_LOG, WORKER_GID, WORKER_UID, WorkerEnv
+from ddpjob_worker.contract import DEFAULT_TERMINATION_LOG, RUNTIME_IMAGE_DIR, WORKER_GID, WORKER_UID, WorkerEnv
 
-from ddpjob_operator import gang, names
+from ddpjob_operator import gang, inject, names
 from ddpjob_operator.spec import (
     API_VERSION,
     CHECKPOINT_VOLUME,
@@ -27,8 +27,8 @@ Obj = dict[str, Any]
 #: Grace period given to a worker pod when the template sets none: the checkpoint library's SIGTERM path
 #: needs time to write one last checkpoint.
 DEFAULT_GRACE_SECONDS = 90
-#: The rendezvous container imports torch: PyPI's CUDA build peaks at ~640 MB RSS (mostly mapped libraries).
-RENDEZVOUS_RESOURCES = {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}}
+#: The rendezvous store is pure Python in the runtime image (no torch): tens of MB, plus a little per connection.
+RENDEZVOUS_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 #: Part of the grace period reserved for torchrun and the kubelet after the final checkpoint.
 GRACE_RESERVE_SECONDS = 30
 #: The rendezvous pod's container meets the `restricted` Pod Security Standard, so a job runs in a namespace
@@ -155,6 +155,8 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
         terminationGracePeriodSeconds=grace,
     )
     pod_spec.setdefault("serviceAccountName", names.WORKER_SERVICE_ACCOUNT)
+    if job.spec.runtime.mode == "Inject":
+        inject.inject_runtime(job, pod_spec, worker, RESTRICTED_CONTAINER)
     if claim:
         _default_fs_group(pod_spec)
     return gang.join(job, {
@@ -171,25 +173,22 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
 
 
 def build_rendezvous_pod(job: DDPJob) -> Obj:
-    """Pod ``<job>-rdzv`` serving the c10d store, in the worker image, scheduled like the workers."""
+    """Pod ``<job>-rdzv`` serving the c10d store from the small runtime image (a pure-Python store: no torch, no
+    multi-GB pull), scheduled like the workers."""
     tmpl_spec: Obj = job.spec.template.get("spec") or {}
-    containers: list[Obj] = tmpl_spec.get("containers") or []
-    worker = containers[worker_container_index(containers)]
     name = names.rendezvous_pod_name(job.name)
     port = job.spec.rendezvous.port
     container: Obj = {
         "name": "rendezvous",
-        "image": worker["image"],
-        "command": ["python", "-m", "ddpjob_worker.rdzv", "--port", str(port)],
+        "image": inject.runtime_image(job),
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["python3", f"{RUNTIME_IMAGE_DIR}/bin/ddpjob-rdzv", "--port", str(port)],
         "ports": [{"name": "rdzv", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 5},
-        # Fixed and GPU-free: the store holds only rendezvous keys, but the process imports torch (the CUDA
-        # wheel maps ~650 MB of libraries), so a 256Mi limit OOM-kills it at start (seen on a real node).
+        # Fixed and GPU-free: the store holds only rendezvous keys.
         "resources": copy.deepcopy(RENDEZVOUS_RESOURCES),
         "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
     }
-    if worker.get("imagePullPolicy"):
-        container["imagePullPolicy"] = worker["imagePullPolicy"]
     spec: Obj = {
         "containers": [container],
         "hostname": name,

@@ -1,6 +1,6 @@
 """The thin Kubernetes I/O layer: create (idempotent), get, list, delete (UID-checked), patch status, read nodes.
 
-It reuses kopf's own authenticated aiohttp session (``kopf._cogs.clients.api``, stable within kopf 1.x):
+It reuses kopf's own authenticated aiohttp session (kopf's private API client, reached through compat.py):
 no second client, no thread pool, one connection pool and one set of credentials for watches and writes.
 Errors are mapped once here: AlreadyExists is success, NotFound on delete is success, transient API
 trouble is ``kopf.TemporaryError``, a 400/422 on create is ``Rejected`` (the API server refused the
@@ -23,9 +23,8 @@ from urllib.parse import urlencode
 
 import aiohttp
 import kopf
-from kopf._cogs.clients import api as kopf_api
-from kopf._cogs.clients import errors as kopf_errors
 
+from ddpjob_operator.compat import kopf_api, kopf_errors
 from ddpjob_operator.names import FIELD_MANAGER
 from ddpjob_operator.policies.children import Problem
 from ddpjob_operator.spec import API_VERSION, GROUP, PLURAL

@@ -74,9 +74,15 @@ class Agent:
         return self.exit_code
 
 
-def agent_argv(container: dict[str, Any], bindir: Path) -> list[str]:
-    """The process a worker pod runs: the container's ``command`` (which replaces the image's ENTRYPOINT) and
+def agent_argv(container: dict[str, Any], bindir: Path, *, inject: bool = False) -> list[str]:
+    """The process a worker pod runs. With the injected runtime (``inject``): ddp-worker around the training
+    command, as in a pod. Otherwise the container's ``command`` (which replaces the image's ENTRYPOINT) and
     ``args``, or ``ddp-worker ARGS`` when there is no command, as with the worker image."""
+    if inject:
+        training = contract.injected_command(container.get("command"), container.get("args"))
+        if training and os.path.basename(training[0]).startswith("python"):
+            training = [sys.executable, *training[1:]]  # the image's python is this venv's here
+        return [sys.executable, "-m", "ddpjob_worker.entrypoint", "--", *training]
     command = [str(x) for x in container.get("command") or []]
     args = [str(x) for x in container.get("args") or []]
     if not command:
@@ -167,7 +173,8 @@ def run_local(manifest: Path, workdir: Path, kill_after: float | None = None) ->
                 checkpoint_keep=spec.checkpoint.keep, progress_file=str(progress_file),
                 termination_log=str(workdir / "logs" / f"worker-{i}.termination"),
             ).to_env()
-            agents.append(Agent(i, agent_argv(container, bindir), {**base_env, **env},
+            argv = agent_argv(container, bindir, inject=spec.runtime.mode == "Inject")
+            agents.append(Agent(i, argv, {**base_env, **env},
                                 workdir / "logs" / f"worker-{i}.log",
                                 termination_log=workdir / "logs" / f"worker-{i}.termination"))
         spares = f" ({spec.spares} of them hot spares)" if spec.spares else ""

@@ -85,6 +85,8 @@ class PodView:
     gone: bool = False
     """A tombstone: the API server deleted the pod; this is its last known state."""
     resource_version: int = 0
+    image: str = ""
+    """The worker container's image (messages about an image that cannot run the runtime name it)."""
 
     @property
     def terminated(self) -> bool:
@@ -160,7 +162,14 @@ class PodView:
             scheduled_at=parse_time(scheduled.get("lastTransitionTime")),
             disruption=str(disruption.get("reason") or ""),
             resource_version=count(meta.get("resourceVersion")),
+            image=_worker_image(spec),
         )
+
+
+def _worker_image(spec: Mapping[str, Any]) -> str:
+    containers = spec.get("containers") or []
+    worker = next((c for c in containers if c.get("name") == WORKER_CONTAINER), containers[0] if containers else {})
+    return str(worker.get("image") or "")
 
 
 def _waiting(status: Mapping[str, Any], state: Mapping[str, Any]) -> str:
@@ -171,6 +180,12 @@ def _waiting(status: Mapping[str, Any], state: Mapping[str, Any]) -> str:
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
             return said(cond, "Unscheduled")
+    # An init container that cannot start (the injected runtime's image not pulled) leaves the worker container
+    # "PodInitializing": the init container's own reason is the one that says what is wrong.
+    for init in status.get("initContainerStatuses") or []:
+        blocked = (init.get("state") or {}).get("waiting") or {}
+        if blocked.get("reason") and blocked.get("reason") != "PodInitializing":
+            return said(blocked, "Waiting")
     waiting = state.get("waiting") or {}
     return said(waiting, "Waiting") if waiting else ""
 

@@ -1,8 +1,8 @@
 """Pods reach the cache straight from kopf's watch stream, not through kopf's per-object handler machinery.
 
-kopf's stream (``kopf._cogs.clients.watching.infinite_watch``, stable within kopf 1.x like the API client kube.py
-uses) does the list, the watch from its resourceVersion, the re-list after a 410 and the reconnects, with the
-server-side label selector handlers.configure sets for pods. What it skips is the rest of kopf's path per event: a
+kopf's stream (its private ``infinite_watch``, reached through compat.py like the API client kube.py uses) does
+the list, the watch from its resourceVersion, the re-list after a 410 and the reconnects, with the server-side
+label selector handlers.configure sets for pods. What it skips is the rest of kopf's path per event: a
 worker task and queue per pod, cause detection, a memory kept per pod, and a handler call with its kwargs and
 logger. Pods are nearly all of the operator's watch events (a burst of 500 jobs x 5 pods is ~12,000): with this
 stream the operator's CPU over bench/operator_scale.py's 500-job case fell from 27.4-27.6 s to 18.2-18.7 s, on a
@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import kopf
-from kopf._cogs.clients import watching
-from kopf._cogs.structs import references
+
+from ddpjob_operator.compat import kopf_references as references
+from ddpjob_operator.compat import kopf_watching as watching
 
 log = logging.getLogger("ddpjob.podwatch")
 

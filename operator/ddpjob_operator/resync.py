@@ -10,9 +10,8 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
-from kopf._cogs.clients import errors as kopf_errors
-
 from ddpjob_operator.cache import ChildCache, Key, Listed, listed
+from ddpjob_operator.compat import kopf_errors
 from ddpjob_operator.kube import API_VERSIONS, OPTIONAL_KINDS, Kube
 from ddpjob_operator.names import LABEL_JOB_NAME
 from ddpjob_operator.spec import API_VERSION, KIND

@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ddpjob_worker.contract import python_target, reserved_env, training_command
+from ddpjob_worker.contract import RUNTIME_MOUNT_PATH, injected_command, python_target, training_command
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
@@ -38,7 +38,7 @@ WORKER_CONTAINER = "worker"
 #: The pod volume the operator adds for checkpoints; a template may not define its own volume of that name.
 CHECKPOINT_VOLUME = "checkpoints"
 #: Paths a volume cannot be mounted at (the container runtime refuses them, or the container would break).
-_FORBIDDEN_MOUNTS = ("/", "/proc", "/sys", "/dev", "/etc", "/bin", "/lib", "/usr", "/opt/venv")
+_FORBIDDEN_MOUNTS = ("/", "/proc", "/sys", "/dev", "/etc", "/bin", "/lib", "/usr", "/opt/venv", RUNTIME_MOUNT_PATH)
 
 
 class InvalidSpec(ValueError):
@@ -135,6 +135,20 @@ class Scheduling(_Model):
     gang: Gang | None = None
 
 
+RuntimeMode = Literal["Inject", "Image"]
+
+
+class Runtime(_Model):
+    """Where the worker runtime (ddp-worker, torchrun's agent, the recovery hooks) comes from (docs/worker.md)."""
+
+    mode: RuntimeMode = Field(default="Inject", description=(
+        "Inject: an init container copies the pure-Python runtime into the pod and the worker command runs under "
+        "it with the image's own Python and torch (any image with torch works). Image: the image has ddpjob "
+        "installed and ddp-worker as its entrypoint (the worker image, or pip install ddpjob[worker])."))
+    image: str | None = Field(default=None, min_length=1, max_length=1024, description=(
+        "The runtime image (init container and rendezvous pod); default: the operator's --runtime-image."))
+
+
 CleanPodPolicy = Literal["None", "Running", "All"]
 
 
@@ -192,6 +206,7 @@ class DDPJobSpec(_Model):
     rendezvous: Rendezvous = Rendezvous()
     run_policy: RunPolicy = RunPolicy()
     scheduling: Scheduling = Scheduling()
+    runtime: Runtime = Runtime()
 
     @model_validator(mode="before")
     @classmethod
@@ -225,7 +240,9 @@ class DDPJobSpec(_Model):
             )
         if not any(c.get("image") for c in containers):
             raise ValueError("template.spec.containers[].image is empty: set the worker image")
-        _check_template(self)
+        from ddpjob_operator.template_checks import check_template  # it reads DDPJobSpec: imported here
+
+        check_template(self)
         return self
 
     @property
@@ -250,8 +267,15 @@ class DDPJobSpec(_Model):
         script or module under ddp-worker; not a binary, a shell script, or a container that replaces ddp-worker)."""
         containers = (self.template.get("spec") or {}).get("containers") or []
         worker = containers[worker_container_index(containers)]
-        command = training_command(worker.get("command"), worker.get("args"))
+        command = self.worker_command(worker)
         return command is not None and python_target(command) is not None
+
+    def worker_command(self, worker: Mapping[str, Any]) -> list[str] | None:
+        """The training command the runtime runs for this worker container; None when the container replaces
+        ddp-worker with a program of its own (``runtime.mode: Image`` only)."""
+        if self.runtime.mode == "Inject":
+            return injected_command(worker.get("command"), worker.get("args"))
+        return training_command(worker.get("command"), worker.get("args"))
 
 
 def worker_container_index(containers: list[dict[str, Any]]) -> int:
@@ -260,55 +284,6 @@ def worker_container_index(containers: list[dict[str, Any]]) -> int:
         if c.get("name") == WORKER_CONTAINER:
             return i
     return 0
-
-
-def _gpu_requested(pod_spec: dict[str, Any], container: dict[str, Any]) -> bool:
-    resources = container.get("resources") or {}
-    limits = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-    env = {e.get("name") for e in container.get("env") or [] if isinstance(e, dict)}
-    return (any(str(k).endswith("/gpu") for k in limits) or bool(resources.get("claims"))
-            or bool(pod_spec.get("resourceClaims")) or "NVIDIA_VISIBLE_DEVICES" in env)
-
-
-def _check_template(spec: DDPJobSpec) -> None:
-    """What the API server accepts but a worker could only fail on at start: refuse it before any pod exists."""
-    pod_spec = spec.template.get("spec") or {}
-    containers: list[dict[str, Any]] = pod_spec.get("containers") or []
-    ci = worker_container_index(containers)
-    worker = containers[ci]
-    where = f"template.spec.containers[{ci}]"
-    for j, item in enumerate(worker.get("env") or []):
-        name = str((item or {}).get("name") or "")
-        if reserved_env(name):
-            raise ValueError(f"{where}.env[{j}].name: {name} is set by the operator or torchrun in every worker "
-                             "(env contract, docs/api.md); remove it (for torchrun options use the DDPJob fields)")
-    for j, vol in enumerate(pod_spec.get("volumes") or []):
-        if (vol or {}).get("name") == CHECKPOINT_VOLUME:
-            raise ValueError(f"template.spec.volumes[{j}].name: the volume name {CHECKPOINT_VOLUME!r} is reserved "
-                             "for spec.checkpoint; rename your volume")
-    mount = spec.checkpoint.mount_path.rstrip("/")
-    for j, m in enumerate(worker.get("volumeMounts") or []):
-        if str((m or {}).get("mountPath") or "").rstrip("/") == mount:
-            raise ValueError(f"{where}.volumeMounts[{j}].mountPath: {mount} is spec.checkpoint.mountPath, where "
-                             "the operator mounts the checkpoint volume; mount this volume elsewhere")
-    _check_gang(spec, pod_spec)
-    if spec.nproc_per_node == "gpu" and not _gpu_requested(pod_spec, worker):
-        raise ValueError(f"nprocPerNode: 'gpu' starts one process per GPU, but {where} requests no GPU: add "
-                         "resources.limits['nvidia.com/gpu'] (or a DRA resource claim), or use nprocPerNode: cpu")
-
-
-def _check_gang(spec: DDPJobSpec, pod_spec: dict[str, Any]) -> None:
-    """A gang job's pods must all go to the gang scheduler, in the job's own PodGroup."""
-    labels = (spec.template.get("metadata") or {}).get("labels") or {}
-    if POD_GROUP_LABEL in labels:
-        raise ValueError(f"template.metadata.labels: {POD_GROUP_LABEL} is set by the operator (spec.scheduling.gang "
-                         "puts every pod in the job's own PodGroup); remove it")
-    gang = spec.scheduling.gang
-    own = pod_spec.get("schedulerName")
-    if gang is not None and own and own != gang.scheduler_name:
-        raise ValueError(f"template.spec.schedulerName: {own!r} differs from spec.scheduling.gang.schedulerName "
-                         f"({gang.scheduler_name!r}); a gang needs one scheduler for all its pods: remove it from "
-                         "the template or set the same name in both")
 
 
 class DDPJob(_Model):

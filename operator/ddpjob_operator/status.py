@@ -29,7 +29,8 @@ STALLED = "Stalled"
 CHILD_CONFLICT = "ChildConflict"
 CREATE_REFUSED = "CreateRefused"
 QUEUED = "Queued"
-AUX_TYPES = (STALLED, CHILD_CONFLICT, CREATE_REFUSED, QUEUED)
+CANNOT_START = "PodsCannotStart"
+AUX_TYPES = (STALLED, CHILD_CONFLICT, CREATE_REFUSED, QUEUED, CANNOT_START)
 
 OWN_KEYS = (
     "conditions",
@@ -52,7 +53,8 @@ OWN_KEYS = (
 )
 
 #: Condition types whose becoming True is a problem worth a Warning event.
-_WARNING_TYPES = (RESTARTING, FAILED, STALLED, CHILD_CONFLICT, CREATE_REFUSED)  # Queued is a wait, not a fault
+# Queued is a wait, not a fault.
+_WARNING_TYPES = (RESTARTING, FAILED, STALLED, CHILD_CONFLICT, CREATE_REFUSED, CANNOT_START)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -62,12 +63,16 @@ def env(cluster: Cluster) -> Iterator[Any]:
     given = os.environ.get("KUBECONFIG")
     cluster_dir = Path(cluster.kubeconfig).resolve().parent
     local_node = (cluster_dir / "node" / "state.json").exists()
-    images = [t.OPERATOR_IMAGE, t.WORKER_IMAGE]
+    images = [*t.NODE_IMAGES, t.PLAIN_IMAGE]
     if given and Path(given).resolve() == Path(cluster.kubeconfig).resolve() and not os.environ.get(
             "DDPJOB_E2E_IMPORT"):
         t.log(f"KUBECONFIG={given} was given: not importing images; the cluster must already have {images} "
               "(kind: `kind load docker-image ...`; local real node: `make node-import` or DDPJOB_E2E_IMPORT=1)")
     elif local_node:
+        missing = [i for i in images if subprocess.run(["docker", "image", "inspect", i], capture_output=True,
+                                                       check=False).returncode != 0]
+        if missing:
+            pytest.fail(f"{missing} not built: run `bash hack/images.sh --e2e` (hack/e2e.sh does)")
         t.import_images(cluster_dir, images)
     else:
         pytest.fail(f"no KUBECONFIG given and {cluster_dir} has no real node to import images into")

@@ -59,9 +59,11 @@ captured under "logs" (pod@uid -> text) for pods that faults replaced."""
 
 def run_job(env: Env, label: str, scenario: Scenario | None = None, *, claim: bool = True,
             args: list[str] | None = None, run_policy: dict[str, Any] | None = None,
-            timeout: float = t.RUN_TIMEOUT, setup: Callable[[str], None] | None = None, **manifest: Any) -> Run:
+            timeout: float = t.RUN_TIMEOUT, setup: Callable[[str], None] | None = None, inspect: bool = True,
+            **manifest: Any) -> Run:
     """Create the DDPJob, run ``scenario`` against it, wait for Succeeded, read everything, delete the namespace.
-    ``setup(namespace)`` runs before the job is created (a Kueue LocalQueue)."""
+    ``setup(namespace)`` runs before the job is created (a Kueue LocalQueue); ``inspect=False``: the trainer
+    writes no final.pt to inspect on the claim (a user's own script)."""
     cluster = env.cluster
     ns = fresh_namespace(cluster, label)
     try:
@@ -78,7 +80,7 @@ def run_job(env: Env, label: str, scenario: Scenario | None = None, *, claim: bo
         logs = t.RunLogs.collect(cluster, ns, JOB, extra.pop("logs", None))
         digest = logs.final_digest()
         assert digest, f"{label}: rank 0 logged no final parameter digest\n{logs.text()}"
-        volume: dict[str, Any] = t.inspect_volume(cluster, ns, JOB, env.node_selector) if claim else {}
+        volume: dict[str, Any] = t.inspect_volume(cluster, ns, JOB, env.node_selector) if claim and inspect else {}
         run = Run(label, ns, digest, volume.get("sha256"), volume.get("entries", []), logs.losses(), logs, status,
                   wall, extra)
         checked = assert_readable(cluster.kubectl, ns)

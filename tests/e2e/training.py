@@ -19,6 +19,23 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ddpjob-operator"
 OPERATOR_IMAGE = os.environ.get("DDPJOB_E2E_OPERATOR_IMAGE", "ddpjob-operator:dev")
 WORKER_IMAGE = os.environ.get("DDPJOB_E2E_WORKER_IMAGE", "ddpjob-worker:dev")
+#: The runtime the operator injects into every worker pod (init container) and the rendezvous pod's image.
+RUNTIME_IMAGE = os.environ.get("DDPJOB_E2E_RUNTIME_IMAGE", "ddpjob-runtime:dev")
+#: What every DDPJob's pods need on the nodes (hack/demo.py, bench/recovery.py and the e2e session import these).
+NODE_IMAGES = [OPERATOR_IMAGE, WORKER_IMAGE, RUNTIME_IMAGE]
+
+
+def oldest_torch() -> str:
+    """The oldest supported torch release: the first of hack/versions.env TORCH_COMPAT_VERSIONS (2.6.0 without it),
+    the one `hack/images.sh --e2e` builds the plain image with."""
+    for line in (REPO / "hack" / "versions.env").read_text().splitlines():
+        if line.startswith("TORCH_COMPAT_VERSIONS="):
+            return (line.split("=", 1)[1].strip().strip('"').split() or ["2.6.0"])[0]
+    return "2.6.0"
+
+
+#: A user's own image, nothing of ddpjob in it (tests/e2e/images/plain; built by `hack/images.sh --e2e`).
+PLAIN_IMAGE = os.environ.get("DDPJOB_E2E_PLAIN_IMAGE", f"ddpjob-plain:torch-{oldest_torch()}")
 RELEASE, OPERATOR_NS = "ddpjob-operator", "ddpjob-system"
 
 # Every run trains the same model on the same data, so every faulted run must end bitwise equal to the
@@ -136,11 +153,13 @@ def helm_install_operator(cluster: Cluster, node_selector: dict[str, str] | None
     """`helm upgrade --install` the chart with the local operator image and wait for its Deployment;
     ``node_selector`` keeps the operator off nodes that tests take down."""
     repo, _, tag = OPERATOR_IMAGE.rpartition(":")
+    runtime_repo, _, runtime_tag = RUNTIME_IMAGE.rpartition(":")
     t0 = time.monotonic()
     pin = ["--set-json", f"nodeSelector={json.dumps(node_selector)}"] if node_selector else []
     proc = subprocess.run(
         [helm(), "upgrade", "--install", RELEASE, str(CHART), "--kubeconfig", str(cluster.kubeconfig),
          "-n", OPERATOR_NS, "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
+         "--set", f"runtimeImage.repository={runtime_repo}", "--set", f"runtimeImage.tag={runtime_tag}",
          "--set", "image.pullPolicy=IfNotPresent", *pin, "--wait", "--timeout", "5m"],
         check=False, capture_output=True, text=True,
     )
@@ -162,21 +181,24 @@ def helm_uninstall_operator(cluster: Cluster) -> None:
 def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: list[str] | None = None,
                     claim: bool = True, run_policy: dict[str, Any] | None = None,
                     pod_spec: dict[str, Any] | None = None, access_mode: str = "ReadWriteOnce",
-                    spares: int = 0, labels: dict[str, str] | None = None) -> dict[str, Any]:
+                    spares: int = 0, labels: dict[str, str] | None = None, image: str | None = None,
+                    command: list[str] | None = None) -> dict[str, Any]:
     """The job as a user writes it: the cluster's default StorageClass and no securityContext, so the operator's
     fsGroup default is what makes the root-owned volume writable for the worker (UID 10001). ``claim=False``: no
     checkpoint section at all, the API default (a per-pod emptyDir). ``pod_spec`` adds fields to the template's pod
-    spec (affinity, tolerations); ``labels`` go on the DDPJob (Kueue's queue and priority)."""
+    spec (affinity, tolerations); ``labels`` go on the DDPJob (Kueue's queue and priority). ``image`` and
+    ``command``: a user's own image and its command (instead of the worker image and the trainer's args)."""
+    run: dict[str, Any] = {"command": command} if command else {"args": args or TRAINER_ARGS}
     spec: dict[str, Any] = {
         "replicas": 2, "spares": spares, "nprocPerNode": "1", "maxRestarts": 3,
         "template": {"spec": {
             "nodeSelector": node_selector,
             "terminationGracePeriodSeconds": 45,
             "containers": [{
-                "name": "worker", "image": WORKER_IMAGE, "imagePullPolicy": "IfNotPresent",
+                "name": "worker", "image": image or WORKER_IMAGE, "imagePullPolicy": "IfNotPresent",
                 # One thread per worker: two workers share two cores.
                 "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
-                "args": args or TRAINER_ARGS,
+                **run,
                 # A small CPU request: several runs share node 0 (tests/e2e/background.py).
                 "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
             }],

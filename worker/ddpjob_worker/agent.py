@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -13,7 +14,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ddpjob_worker import causes, contract, storekeeper, warm
+from ddpjob_worker import causes, compat, contract, storekeeper, warm
 from ddpjob_worker.logs import get_logger
 from ddpjob_worker.storekeeper import StoreKeeper
 
@@ -65,10 +66,7 @@ def leave_round(handler: Any) -> None:
     would wait that long for a pod that is already gone. Private API of DynamicRendezvousHandler (c10d); any
     other handler, or a torch that changed it, keeps the old behaviour, said once in the log."""
     try:
-        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
-
-        handler._stop_heartbeats()
-        handler._op_executor.run(_RendezvousExitOp(), handler._get_deadline(handler._settings.timeout.close))
+        compat.leave_round(handler)
         log.info("left the rendezvous round: the others re-form the group without waiting for this pod")
     except Exception as err:  # best effort: the heartbeat expiry still removes this node, only later
         log.warning("could not leave the rendezvous round (%s: %s); if the store is still up, the other pods "
@@ -77,13 +75,13 @@ def leave_round(handler: Any) -> None:
 
 def join_timeout(handler: Any) -> float:
     """Seconds a rendezvous join may take (torchrun's ``join_timeout``, 600 s by default)."""
-    timeout = getattr(getattr(getattr(handler, "_settings", None), "timeout", None), "join", None)
+    timeout = getattr(getattr(compat.rendezvous_settings(handler), "timeout", None), "join", None)
     return timeout.total_seconds() if timeout is not None else 600.0
 
 
 def fixed_size(handler: Any) -> bool:
     """Whether the rendezvous has min_nodes == max_nodes (a fixed-size job)."""
-    settings = getattr(handler, "_settings", None)
+    settings = compat.rendezvous_settings(handler)
     return settings is not None and getattr(settings, "min_nodes", 0) == getattr(settings, "max_nodes", -1)
 
 
@@ -91,11 +89,14 @@ class PodAgent(LocalElasticAgent):
     """LocalElasticAgent that keeps the rendezvous open on failure, leaves the round when it exits, restarts for
     free after a peer loss, never restarts a full fixed-size group for a waiting node (a hot spare), keeps a
     healthy group training when the rendezvous store is lost (ddpjob_worker.storekeeper), and starts its workers
-    from pre-started trainers (ddpjob_worker.warm)."""
+    from pre-started trainers (ddpjob_worker.warm), and gives its workers the SIGTERM budget on any torch."""
 
     def __init__(self, spec: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(spec, *args, **kwargs)
         handler = spec.rdzv_handler
+        if compat.capabilities().agent_closes_rendezvous:
+            # torch 2.6 closes it on every shutdown that is not a restart, a SIGTERM included: only success may.
+            compat.detach_rendezvous(self)
         self._keeper = StoreKeeper(handler)
         if hasattr(handler, "num_nodes_waiting"):
             handler.num_nodes_waiting = self._guarded_waiting(handler.num_nodes_waiting, fixed_size(handler))
@@ -117,7 +118,7 @@ class PodAgent(LocalElasticAgent):
             if keeper.lost_since is not None:
                 if not keeper.try_reconnect():
                     return 0  # never the old client again: to a lost node it blocks for its whole timeout
-                self._store = self._keeper_store()
+                compat.set_agent_store(self, self._keeper_store())
             try:
                 count = waiting()
             except Exception as err:
@@ -131,14 +132,13 @@ class PodAgent(LocalElasticAgent):
 
     def _keeper_store(self) -> Any:
         """The store of the current round on the new connection (the exit barrier at the end uses it)."""
-        handler: Any = self._worker_group.spec.rdzv_handler
-        return handler._get_store()
+        return compat.round_store(self.get_worker_group().spec.rdzv_handler)
 
     def run(self, role: str = "default") -> RunResult:
         try:
             result: RunResult = super().run(role)
         except BaseException:
-            leave_round(self._worker_group.spec.rdzv_handler)
+            leave_round(self.get_worker_group().spec.rdzv_handler)
             self._keep_rendezvous_open()
             raise
         finally:
@@ -149,12 +149,12 @@ class PodAgent(LocalElasticAgent):
             log.info("the rendezvous closed while this pod waited as a hot spare: the job is done")
             return RunResult(state=WorkerState.SUCCEEDED)
         if result.is_failed():
-            leave_round(self._worker_group.spec.rdzv_handler)
+            leave_round(self.get_worker_group().spec.rdzv_handler)
             self._keep_rendezvous_open()
         return result
 
     def _keep_rendezvous_open(self) -> None:
-        spec = self._worker_group.spec
+        spec = self.get_worker_group().spec
         if not isinstance(spec.rdzv_handler, _KeepOpen):
             # launch_agent's finally calls shutdown() through this same spec object.
             spec.rdzv_handler = _KeepOpen(spec.rdzv_handler)  # type: ignore[assignment]
@@ -197,11 +197,23 @@ class PodAgent(LocalElasticAgent):
             rank, failure = min(result.failures.items(), key=lambda item: item[1].timestamp)
             # _invoke_run takes one restart right after this returns; giving it back first means a survivor
             # re-rendezvouses with the replaced peer as often as peers die, while its own crashes stay bounded.
-            self._remaining_restarts += 1
-            log.warning("worker group failed because a peer was lost (rank %s: %s); restarting it without using "
-                        "one of the %d restarts", rank, causes.condense(failure_text(failure), 200),
-                        worker_group.spec.max_restarts)
+            if compat.refund_restart(self):
+                log.warning("worker group failed because a peer was lost (rank %s: %s); restarting it without "
+                            "using one of the %d restarts", rank, causes.condense(failure_text(failure), 200),
+                            worker_group.spec.max_restarts)
+            else:
+                log.warning("worker group failed because a peer was lost (rank %s); this torch counts the restart "
+                            "(update ddpjob_worker.compat)", rank)
         return result
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, *args: Any, **kwargs: Any) -> None:
+        # torch before 2.15 closes the workers 30 s after forwarding the agent's SIGTERM, whatever the budget: a
+        # final checkpoint longer than that was cut. Close them with the budget first; torch's own close then
+        # finds them gone. (Its signature differs between releases: is_restart in 2.6, timeout in 2.15.)
+        if _shutdown_seconds is not None and not compat.capabilities().shutdown_timeout and compat.signalled():
+            log.info("stopping the workers: %s, then SIGKILL after %d s", death_sig.name, _shutdown_seconds)
+            compat.close_workers(self, death_sig, _shutdown_seconds)
+        super()._shutdown(death_sig, *args, **kwargs)
 
 
 #: Store reads per second, all agents together, that the rendezvous poll is scaled to (see poll_seconds).
@@ -221,35 +233,25 @@ def poll_seconds(max_nodes: int) -> float:
 def tune_polls(handler: Any) -> float | None:
     """Make a DynamicRendezvousHandler poll every poll_seconds (its wait between polls and its state cache);
     returns the interval, or None for a handler without them (left as it is)."""
-    settings, holder = getattr(handler, "_settings", None), getattr(handler, "_state_holder", None)
-    if settings is None or not hasattr(holder, "_cache_duration"):
-        return None
+    settings = compat.rendezvous_settings(handler)
     poll = poll_seconds(int(getattr(settings, "max_nodes", 100)))
-    holder._cache_duration = poll  # type: ignore[union-attr]
-    _faster_polls(poll)
-    return poll
+    return poll if compat.set_poll_interval(handler, poll) else None
 
 
-def _faster_polls(poll: float) -> None:
-    """Install ``poll`` in DynamicRendezvousHandler's executor, whose only 1 s delay is that poll."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous, utils
-
-    def delay(seconds: float | tuple[float, float]) -> None:  # torch passes it by keyword: keep the name
-        utils._delay(poll if seconds == 1 else seconds)
-
-    setattr(dynamic_rendezvous, "_delay", delay)  # noqa: B010 - a private name of the module
+#: Seconds between SIGTERM and SIGKILL for the workers when the agent got a signal (launch's shutdown_timeout);
+#: PodAgent applies it itself where torchrun cannot (compat.Capabilities.shutdown_timeout).
+_shutdown_seconds: int | None = None
 
 
-def install() -> None:
-    """Make torchrun's launch_agent build a PodAgent (it looks LocalElasticAgent up in its module's globals)."""
-    import torch.distributed.launcher.api as launcher_api
-
-    current = getattr(launcher_api, "LocalElasticAgent", None)
-    if current is PodAgent:
-        return
-    if current is not LocalElasticAgent:  # a torch upgrade moved it: plain torchrun behaviour, said loudly
+def install(shutdown_seconds: int | None = None) -> None:
+    """Make torchrun's launch_agent build a PodAgent whose workers get ``shutdown_seconds`` after a SIGTERM, and
+    start workers from pre-started trainers; logs this torch's capabilities once."""
+    global _shutdown_seconds
+    if shutdown_seconds is not None:
+        _shutdown_seconds = shutdown_seconds
+    compat.log_capabilities()
+    if not compat.install_agent_class(PodAgent):  # a torch upgrade moved it: plain torchrun behaviour, said loudly
         log.error("torch.distributed.launcher.api does not build LocalElasticAgent; failed agents will close the "
-                  "rendezvous and peer losses will use up restarts (update ddpjob_worker.agent)")
+                  "rendezvous and peer losses will use up restarts (update ddpjob_worker.compat)")
         return
-    setattr(launcher_api, "LocalElasticAgent", PodAgent)  # noqa: B010 - the module does not export the name
     warm.install()

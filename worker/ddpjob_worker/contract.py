@@ -93,6 +93,25 @@ DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 #: default policy treats it as permanent: restarting a pod with a broken environment cannot help.
 EXIT_BAD_CONTRACT = 78
 
+#: Exit code of the injected runtime when the worker image cannot run it (no torch, or a torch or Python older than
+#: the supported range). Permanent under the default policy: every replacement pod would use the same image.
+EXIT_BAD_IMAGE = 79
+
+#: The injected runtime (docs/worker.md): the operator's init container copies RUNTIME_IMAGE_DIR of the runtime
+#: image into the emptyDir RUNTIME_VOLUME, mounted read-only at RUNTIME_MOUNT_PATH in the worker container, whose
+#: command becomes ``<python> RUNTIME_MOUNT_PATH/bin/ddp-worker -- <training command>``.
+RUNTIME_IMAGE_DIR = "/opt/ddpjob-runtime"
+RUNTIME_VOLUME = "ddpjob-runtime"
+RUNTIME_MOUNT_PATH = "/ddpjob"
+RUNTIME_INIT_CONTAINER = "ddpjob-runtime"
+#: The worker container's image, set by the operator so that the runtime's messages can name it.
+DDPJOB_IMAGE = "DDPJOB_IMAGE"
+#: torch releases the runtime is tested on (``make test-compat``): older ones are refused with EXIT_BAD_IMAGE,
+#: newer ones run with a warning. Python: 3.10 is the oldest the runtime's code can run on (3.11 is tested).
+TORCH_MIN_VERSION = (2, 6)
+TORCH_MAX_TESTED_VERSION = (2, 15)
+PYTHON_MIN_VERSION = (3, 10)
+
 #: Container exit codes of ``ddp-worker`` beyond the trainer's own. All are >= 128, so the operator's default policy
 #: retries them: each says the pod lost something outside the program, never that the program is broken.
 #: The agent lost the rendezvous store, or its rendezvous timed out or was closed (the store pod was deleted,
@@ -166,6 +185,17 @@ def training_command(command: Sequence[str] | None, args: Sequence[str] | None) 
     if rest and rest[0] == "--":
         rest = rest[1:]
     return rest
+
+
+def injected_command(command: Sequence[str] | None, args: Sequence[str] | None) -> list[str]:
+    """The training command of a container whose runtime the operator injects: command + args, except for a
+    container written for the worker image (no command, or ``command: [ddp-worker, ...]``), whose args are the
+    training command under that image's entrypoint. Empty when the container names no command at all."""
+    command, args = [str(c) for c in command or []], [str(a) for a in args or []]
+    if command and os.path.basename(command[0]) != WORKER_ENTRYPOINT:
+        return [*command, *args]
+    rest = [*command[1:], *args]
+    return rest[1:] if rest and rest[0] == "--" else rest
 
 
 _NNODES_RE = re.compile(r"^(\d+)(?::(\d+))?$")

@@ -99,13 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
 
-    from ddpjob_worker import agent
+    from ddpjob_worker import agent, compat
 
-    agent.install()
     args = parse_args(argv)  # type: ignore[no-untyped-call]
-    # launch_agent passes LaunchConfig.shutdown_timeout (from this option) to the agent, which SIGKILLs the
-    # workers that long after forwarding SIGTERM: it must cover the final checkpoint.
-    args.shutdown_timeout = shutdown_timeout(getattr(args, "shutdown_timeout", None), os.environ)
+    # The agent SIGKILLs the workers this long after forwarding a SIGTERM: it must cover the final checkpoint.
+    # torchrun carries it from its --shutdown-timeout where it has one (torch 2.15); PodAgent applies it otherwise.
+    seconds = shutdown_timeout(compat.requested_shutdown_timeout(args), os.environ)
+    agent.install(seconds)
+    compat.set_shutdown_timeout(args, seconds)
     try:
         run(args)  # type: ignore[no-untyped-call]
     except ChildFailedError as err:

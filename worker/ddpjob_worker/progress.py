@@ -1,17 +1,23 @@
 """Rank 0's progress reporter: epoch, step, loss and the last checkpoint into the DDPJob's ``status.progress``
 (so ``kubectl get ddpjobs`` shows them) and, under ``ddpjob run``, into a local JSON file. A script that does not
 use it still reports its steps: the recorded runner counts them (ddpjob_worker.autoprogress) and sends them
-through the same path, unless the script creates a reporter of its own."""
+through the same path, unless the script creates a reporter of its own.
+
+The status patch goes over HTTPS with the standard library only (InClusterApi), not the ``kubernetes`` client: the
+runtime is injected into users' own images, which have Python and torch and nothing else."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import ssl
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import quote
 
 from ddpjob_worker import contract
 from ddpjob_worker.logs import get_logger
@@ -24,6 +30,10 @@ SOURCE_REPORTER = "Reporter"
 SOURCE_OPTIMIZER = "OptimizerSteps"
 #: Seconds one status patch may take: a hung API server must not hold a report (or the exit that flushes it).
 REQUEST_TIMEOUT_SECONDS = 10
+#: Where Kubernetes mounts the pod's service account: ``token`` (a bound token the kubelet rotates, hourly by
+#: default), ``ca.crt`` (the cluster CA that signed the API server's certificate).
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+MERGE_PATCH = "application/merge-patch+json"
 
 # Set once the script in this process creates a ProgressReporter: its richer report then owns status.progress, and
 # the runtime's step counter sends nothing, so no step is ever reported twice. At creation, not at the first
@@ -47,6 +57,84 @@ def rfc3339_ms(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}Z"
 
 
+class StatusApi(Protocol):
+    """What the reporter needs of an API client: the ``kubernetes`` client's CustomObjectsApi method of that name, so
+    that client (or a test's fake) can stand in for InClusterApi."""
+
+    def patch_namespaced_custom_object_status(self, group: str, version: str, namespace: str, plural: str,
+                                              name: str, body: Any, **kwargs: Any) -> Any: ...
+
+
+class ApiError(Exception):
+    """The status patch failed: no in-cluster configuration, or the API server refused or did not answer."""
+
+
+class InClusterApi:
+    """The one call the reporter makes, with the standard library: an HTTPS merge patch of a custom object's status,
+    authenticated as the pod's service account (in-cluster configuration, as the ``kubernetes`` client's
+    ``load_incluster_config`` reads it)."""
+
+    def __init__(self, host: str, port: int, token_file: Path, ca_file: Path) -> None:
+        self.host, self.port, self.token_file = host, port, token_file
+        # Loaded once, like the kubernetes client does; it verifies the server's name too (the Service's IP is in
+        # the API server's certificate).
+        self._tls = ssl.create_default_context(cafile=str(ca_file))
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str], directory: Path | None = None) -> InClusterApi:
+        """The API server's Service from the environment the kubelet sets, the credentials from ``directory``
+        (default SERVICE_ACCOUNT_DIR). ApiError when the pod is not in a cluster or has no service account token."""
+        host, port = environ.get("KUBERNETES_SERVICE_HOST", ""), environ.get("KUBERNETES_SERVICE_PORT", "")
+        if not host or not port.isdigit():
+            raise ApiError("not in a cluster (KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT not set)")
+        directory = SERVICE_ACCOUNT_DIR if directory is None else directory
+        token, ca = directory / "token", directory / "ca.crt"
+        if not token.is_file() or not ca.is_file():
+            raise ApiError(f"no service account token or CA in {directory} (automountServiceAccountToken off?)")
+        try:
+            return cls(host, int(port), token, ca)
+        except (OSError, ssl.SSLError) as err:
+            raise ApiError(f"cannot load the cluster CA {ca}: {err}") from err
+
+    def _token(self) -> str:
+        # Read at every request, not once: bound tokens rotate (the kubelet swaps the file well before expiry),
+        # and a patch every few seconds at most makes the read free.
+        try:
+            return self.token_file.read_text().strip()
+        except OSError as err:
+            raise ApiError(f"cannot read the service account token {self.token_file}: {err}") from err
+
+    def patch_namespaced_custom_object_status(self, group: str, version: str, namespace: str, plural: str,
+                                              name: str, body: Any, *, _content_type: str = MERGE_PATCH,
+                                              _request_timeout: float = REQUEST_TIMEOUT_SECONDS,
+                                              **_: Any) -> None:
+        """PATCH ``/apis/<group>/<version>/namespaces/<ns>/<plural>/<name>/status`` with ``body``; ApiError unless
+        the server accepts it. ``_request_timeout`` bounds the connection, the TLS handshake and each read."""
+        path = "/apis/{}/{}/namespaces/{}/{}/{}/status".format(*(quote(p, safe="") for p in (
+            group, version, namespace, plural, name)))
+        headers = {"Authorization": f"Bearer {self._token()}", "Content-Type": _content_type,
+                   "Accept": "application/json", "User-Agent": "ddpjob-worker"}
+        conn = http.client.HTTPSConnection(self.host, self.port, timeout=_request_timeout, context=self._tls)
+        try:
+            conn.request("PATCH", path, body=json.dumps(body).encode(), headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+        except (OSError, http.client.HTTPException) as err:  # refused, TLS, timeout (socket.timeout is an OSError)
+            raise ApiError(f"PATCH {path}: {str(err) or type(err).__name__}") from err
+        finally:
+            conn.close()
+        if not 200 <= response.status < 300:
+            raise ApiError(f"PATCH {path}: {response.status} {response.reason}: {_status_message(data)}")
+
+
+def _status_message(data: bytes) -> str:
+    """The message of a Kubernetes Status answer (why a request was refused), else the start of the body."""
+    try:
+        return str(json.loads(data)["message"])
+    except (ValueError, KeyError, TypeError):
+        return data[:200].decode(errors="replace")
+
+
 class ProgressReporter:
     """Throttled, fail-soft reporting. Only rank 0 reports; on other ranks every call is a no-op. Any trouble
     (no cluster, no RBAC, API server down) is logged once and training goes on: progress is a convenience."""
@@ -55,7 +143,7 @@ class ProgressReporter:
     owns_progress = True
 
     def __init__(self, *, interval_seconds: float = 10.0, environ: Mapping[str, str] | None = None,
-                 api: Any | None = None) -> None:
+                 api: StatusApi | None = None) -> None:
         if self.owns_progress:
             _script_reports.set()
         env = os.environ if environ is None else environ
@@ -78,12 +166,11 @@ class ProgressReporter:
         if rdzv.replace(".", "", 1).isdigit():
             self.start["rendezvousTime"] = rfc3339_ms(float(rdzv))
 
-    def _client(self) -> Any:
+    def _client(self) -> StatusApi:
+        # At the first patch (ApiError outside a cluster). From the process's environment whatever ``environ`` says,
+        # as the kubernetes client's in-cluster configuration did: the kubelet set it for the whole pod.
         if self._api is None:
-            from kubernetes import client, config  # imported late: only pods in a cluster need it
-
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            self._api = client.CustomObjectsApi()
+            self._api = InClusterApi.from_environ(os.environ)
         return self._api
 
     def resumed(self, at: float | None = None) -> None:
@@ -156,7 +243,7 @@ class ProgressReporter:
         try:
             self._client().patch_namespaced_custom_object_status(
                 GROUP, VERSION, self.namespace, PLURAL, self.name, {"status": {"progress": progress}},
-                _content_type="application/merge-patch+json",  # the client's default is a JSON *patch*
+                _content_type=MERGE_PATCH,  # the kubernetes client's default is a JSON *patch*
                 _request_timeout=REQUEST_TIMEOUT_SECONDS,
             )
         except Exception as err:  # any failure: say so once, never stop training for it

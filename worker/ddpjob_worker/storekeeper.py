@@ -13,8 +13,9 @@ later fault then re-forms the group exactly as if the store had never gone, and 
 instead of joining an empty round as a participant. If the store never comes back, nothing is lost: the next
 rendezvous fails as before and the pod exits 200 to be replaced.
 
-This uses private attributes of torch's DynamicRendezvousHandler and C10dRendezvousBackend (2.x); any other
-handler, or a torch that renamed them, keeps plain torchrun behaviour (exit 200), said once in the log.
+This uses private attributes of torch's DynamicRendezvousHandler and its state holder, reached through
+ddpjob_worker.compat; any other handler, or a torch that renamed them, keeps plain torchrun behaviour (exit 200),
+said once in the log.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ddpjob_worker import compat
 from ddpjob_worker.logs import get_logger
 
 log = get_logger("storekeeper")
@@ -43,12 +45,8 @@ def is_store_loss(err: BaseException) -> bool:
 
 def connect(host: str, port: int, timeout: timedelta, libuv: bool) -> Any:
     """A client of the store at host:port, or an exception after CONNECT_TIMEOUT (the name may not resolve yet:
-    the new store pod is not ready)."""
-    from torch._C._distributed_c10d import TCPStore
-
-    store = TCPStore(host, port, is_master=False, timeout=CONNECT_TIMEOUT, wait_for_workers=False, use_libuv=libuv)
-    store.set_timeout(timeout)  # the connect timeout was short on purpose; later calls wait as before
-    return store
+    the new store pod is not ready); later calls wait ``timeout`` as before."""
+    return compat.connect_store(host, port, CONNECT_TIMEOUT, timeout, libuv)
 
 
 def refreshed(state: Any) -> Any:
@@ -75,8 +73,7 @@ class StoreKeeper:
 
     def _probe(self) -> bool:
         try:
-            holder, store = self._handler._state_holder, self._handler._store
-            _ = (holder._backend._store, holder._state, store.host, store.port, self._handler._heartbeat_lock)
+            compat.check_reconnectable(self._handler)
             return True
         except AttributeError as err:
             log.warning("this rendezvous handler cannot be reconnected to a new store (%s): losing the store "
@@ -99,9 +96,9 @@ class StoreKeeper:
         if now - self._last_try < RETRY_SECONDS:
             return False
         self._last_try = now
-        old = self._handler._store
+        old = compat.handler_store(self._handler)
         try:
-            store = self._connect(old.host, old.port, old.timeout, getattr(old, "libuvBackend", True))
+            store = self._connect(old.host, old.port, old.timeout, compat.store_uses_libuv(old))
             self._switch(store)
         except Exception as err:  # the new store is not up yet: the next attempt comes a second later
             log.debug("rendezvous store not back yet: %s", err)
@@ -114,22 +111,13 @@ class StoreKeeper:
 
     @property
     def state(self) -> Any:
-        return self._handler._state_holder.state
+        return compat.handler_state(self._handler)
 
     def _switch(self, store: Any) -> None:
-        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-
-        handler, holder = self._handler, self._handler._state_holder
-        with handler._heartbeat_lock:  # the keep-alive thread uses the same holder
-            backend = C10dRendezvousBackend(store, handler.get_run_id())  # seeds the key a new store lacks
-            # compare_set against the empty key: the first agent back writes its state, the others get that one.
-            answer = backend.set_state(pickle.dumps(refreshed(holder.state)), None)
-            if answer is None:
-                raise RuntimeError("the new store returned no rendezvous state")
-            bits, token, _ = answer
-            holder._backend, handler._store = backend, store
-            holder._state, holder._token, holder._dirty = pickle.loads(bits), token, False
-            holder._last_sync_time = -1.0
+        handler = self._handler
+        with compat.heartbeat_lock(handler):  # the keep-alive thread uses the same state holder
+            # The first agent back writes the state it last saw; the others get that one.
+            compat.switch_store(handler, store, handler.get_run_id(), pickle.dumps(refreshed(self.state)))
 
     def wait(self, deadline: float, sleep: Callable[[float], None] = time.sleep) -> bool:
         """Block until reconnected or ``deadline`` (a monotonic time); True when reconnected."""

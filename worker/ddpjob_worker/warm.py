@@ -7,7 +7,8 @@ idle 2-core node, 7-8 s under load) between the rendezvous and the checkpoint lo
 How it plugs in: torchrun starts binary workers through
 ``torch.distributed.elastic.multiprocessing.api.get_subprocess_handler``; ``install`` replaces that name with
 ``make_handler``, which hands out a waiting process (wrapped as the same SubprocessHandler type torchrun uses:
-its Popen, its own session, SIGTERM to its process group on close) or falls back to torchrun's own handler.
+its Popen, its own session, SIGTERM to its process group on close) or falls back to torchrun's own handler. The
+torch names involved, and what differs between releases, are in ddpjob_worker.compat.
 
 The waiting process runs ``ddpjob_worker.recorded`` like any worker; ``recorded`` calls ``standby()`` first when
 DDPJOB_STANDBY is set. It renames itself ``ddpjob-standby`` (fault tools skip it), asks the kernel to kill it
@@ -31,16 +32,15 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ddpjob_worker import contract, procs
+from ddpjob_worker import compat, contract, procs
 from ddpjob_worker.logs import get_logger
 
 log = get_logger("warm")
 
-#: Imported by a waiting trainer before it blocks: what every training script pays first. torch._dynamo is what
-#: DistributedDataParallel's constructor imports lazily (908 modules, sympy included): 2.4-2.8 s on an idle 2-core
-#: machine, paid by every DDP script right after its rendezvous otherwise.
+#: Imported by a waiting trainer before it blocks: what every training script pays first, and what DDP's
+#: constructor imports lazily (compat.DDP_LAZY_IMPORTS: 2.4-2.8 s on an idle 2-core machine otherwise).
 PRELOAD = ("torch", "torch.nn", "torch.distributed", "torch.nn.parallel", "torch.utils.data",
-           "torch.distributed.elastic.multiprocessing.errors", "torch._dynamo")
+           "torch.distributed.elastic.multiprocessing.errors", *compat.DDP_LAZY_IMPORTS)
 #: Environment read when the interpreter or torch starts, not when the script runs: a worker whose values differ
 #: from the waiting process's cannot use it.
 STARTUP_KEYS = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
@@ -93,7 +93,9 @@ def standby() -> None:
     # Killed with the agent's (main) thread: an agent that is SIGKILLed leaves no idle trainers behind.
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     for module in PRELOAD:
-        __import__(module)
+        # A torch without one of them: the script imports what it needs itself, as after a cold start.
+        with contextlib.suppress(ImportError):
+            __import__(module)
     # The name says "ready": imports done, waiting (ps shows it; benchmarks and tests wait for it).
     _prctl(_PR_SET_NAME, contract.STANDBY_PROCESS_NAME.encode()[:15])
     line = _read_line(0)
@@ -251,56 +253,40 @@ def prestart(entrypoint: Any, args: Sequence[Any], local_world_size: int) -> Non
     """One waiting trainer per local rank for torchrun's worker command: the ones started at launch when they
     match it, new ones otherwise (the agent does this before its first rendezvous, so the import overlaps the
     wait for the other pods)."""
-    if not enabled(os.environ) or not isinstance(entrypoint, str):
-        POOL.keep_only(set())
+    if not enabled(os.environ) or not isinstance(entrypoint, str) or _original_handler is None:
+        POOL.keep_only(set())  # off, a program that cannot wait, or a torch that cannot hand one out
         return
-    from torch.distributed.elastic.utils import macros  # type: ignore[attr-defined]
-
     wanted = [(argv, local_rank) for local_rank in range(local_world_size)
-              if warmable(argv := (entrypoint, *[str(a) for a in macros.substitute(list(args), str(local_rank))]))]
+              if warmable(argv := (entrypoint, *compat.substitute_local_rank(args, local_rank)))]
     POOL.keep_only(set(wanted))
     for argv, local_rank in wanted:
         POOL.ensure(argv, local_rank, dict(os.environ))
 
 
 def make_handler(entrypoint: str, args: tuple[Any, ...], env: dict[str, str], stdout: str | None,
-                 stderr: str | None, local_rank_id: int, numa_options: Any = None) -> Any:
-    """torchrun's get_subprocess_handler, handing out a waiting trainer when one fits."""
+                 stderr: str | None, local_rank_id: int, **options: Any) -> Any:
+    """torchrun's get_subprocess_handler, handing out a waiting trainer when one fits. ``options`` are what this
+    torch passes besides (``numa_options`` from 2.10 on), given back to its own handler as they came: torch 2.6's
+    takes none, and naming one there failed every cold start."""
     assert _original_handler is not None, "warm.install() was not called"
     argv = (entrypoint, *[str(a) for a in args])
     # Redirected output and NUMA binding are set up when a process starts: those workers start cold.
-    if warmable(argv) and not stdout and not stderr and numa_options is None and enabled(os.environ):
+    if warmable(argv) and not stdout and not stderr and options.get("numa_options") is None and enabled(os.environ):
         full = {k: v for k, v in {**os.environ, **env}.items() if v is not None}
         proc = POOL.take(argv, local_rank_id, full)
         if proc is not None:
-            return _handler_for(proc, local_rank_id)
+            return compat.adopted_handler(proc, local_rank_id)
     return _original_handler(entrypoint=entrypoint, args=args, env=env, stdout=stdout, stderr=stderr,
-                             local_rank_id=local_rank_id, numa_options=numa_options)
-
-
-def _handler_for(proc: subprocess.Popen[bytes], local_rank: int) -> Any:
-    """torchrun's SubprocessHandler around an already running process. Its __init__ would start a new one, so
-    the instance is filled in directly with the attributes its poll/close use (checked by tests/worker)."""
-    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
-
-    handler = SubprocessHandler.__new__(SubprocessHandler)
-    handler._stdout = None
-    handler._stderr = None
-    handler.local_rank_id = local_rank
-    handler.proc = proc
-    return handler
+                             local_rank_id=local_rank_id, **options)
 
 
 def install() -> None:
     """Make torchrun start binary workers through ``make_handler``."""
     global _original_handler
-    import torch.distributed.elastic.multiprocessing.api as mp_api
-
-    current = getattr(mp_api, "get_subprocess_handler", None)
-    if current is None:  # a torch upgrade moved it: workers start cold, said once
-        log.warning("torch.distributed.elastic.multiprocessing.api has no get_subprocess_handler: pre-started "
-                    "trainers are off (update ddpjob_worker.warm)")
+    original = compat.install_subprocess_handler(make_handler)
+    if original is None:  # a torch that starts workers another way: they start cold, said once
+        log.warning("this torch does not start workers through get_subprocess_handler: pre-started trainers are "
+                    "off (update ddpjob_worker.compat)")
         return
-    if current is not make_handler:
-        _original_handler = current
-        setattr(mp_api, "get_subprocess_handler", make_handler)  # noqa: B010 - module global, not exported
+    if original is not make_handler:
+        _original_handler = original

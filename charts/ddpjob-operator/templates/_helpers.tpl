@@ -74,6 +74,14 @@ helm.sh/chart: {{ include "ddpjob-operator.chart" . }}
 {{- end }}
 {{- end }}
 
+{{- define "ddpjob-operator.runtimeImage" -}}
+{{- if .Values.runtimeImage.digest }}
+{{- printf "%s@%s" .Values.runtimeImage.repository .Values.runtimeImage.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.runtimeImage.repository (default .Chart.AppVersion .Values.runtimeImage.tag) }}
+{{- end }}
+{{- end }}
+
 {{/*
 The rules the operator needs in a namespace where it manages DDPJobs. One list, used by the ClusterRole
 (cluster-wide mode) and by each Role (watchNamespaces mode), so the two modes cannot drift apart.

@@ -49,6 +49,7 @@ _EXIT_MEANING = {
     contract.EXIT_PEER_LOST: "lost a peer",
     contract.EXIT_DNS_UNRESOLVED: "the rendezvous host did not resolve",
     contract.EXIT_BAD_CONTRACT: "broken environment contract",
+    contract.EXIT_BAD_IMAGE: "the image cannot run the runtime",
     137: "killed (SIGKILL)",
     143: "terminated (SIGTERM)",
 }
@@ -100,10 +101,31 @@ def _failed_loss(pod: PodView, policy: RunPolicy, now: datetime) -> Loss:
         return Loss(pod.name, pod.uid, pod.index, POD_EVICTED, at, _join("evicted by the kubelet", cause_text))
     if pod.reason in ("NodeLost", "NodeShutdown", "Terminated"):
         return Loss(pod.name, pod.uid, pod.index, NODE_LOST, at, _join(f"node lost ({pod.reason})", cause_text))
+    if pod.reason in _START_FAILURES:
+        return _start_failure(pod, at)
     permanent = restart_policy_for_exit_code(pod.exit_code, policy) is ExitAction.FAIL
     cause = OOM_KILLED if pod.reason == "OOMKilled" else WORKER_FAILED
     head = f"{_exit_text(pod)}, OOMKilled" if cause == OOM_KILLED else _exit_text(pod)
     return Loss(pod.name, pod.uid, pod.index, cause, at, _join(head, cause_text), pod.exit_code, permanent)
+
+
+#: Container reasons of a process that never started (the runtime could not exec the command).
+_START_FAILURES = ("StartError", "ContainerCannotRun")
+#: What the runtime says when the command's program is not in the image.
+_NOT_FOUND = ("executable file not found", "no such file or directory")
+
+
+def _start_failure(pod: PodView, at: datetime) -> Loss:
+    """A worker whose command could not even be started. A program missing from the image (with the injected
+    runtime: the image's python3) is permanent, since every replacement would use the same image; anything else
+    (a mount or runtime hiccup) is retried."""
+    text = readable_cause(pod)
+    missing = any(s in pod.termination_message.lower() for s in _NOT_FOUND)
+    head = f"container could not start ({pod.reason})"
+    if missing:
+        head += (f"; image {pod.image or '(unknown)'} lacks the command's program: with the injected runtime the "
+                 "image needs Python and torch on its PATH (docs/worker.md)")
+    return Loss(pod.name, pod.uid, pod.index, WORKER_FAILED, at, _join(head, text), pod.exit_code, missing)
 
 
 def _join(head: str, cause: str) -> str:

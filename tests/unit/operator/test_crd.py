@@ -33,11 +33,11 @@ def test_defaults_match_spec_model() -> None:
     defaults = crd_defaults(spec_schema)
     defaults.pop("checkpoint")["volumeClaim"]  # only applies when volumeClaim is given
     model = DDPJobSpec.model_validate(
-        {"replicas": 1, "template": {"spec": {"containers": [{"image": "x"}]}}}
+        {"replicas": 1, "template": {"spec": {"containers": [{"image": "x", "command": ["python", "t.py"]}]}}}
     ).model_dump(by_alias=True)
     assert defaults["nprocPerNode"] == model["nprocPerNode"]
     assert defaults["maxRestarts"] == model["maxRestarts"]
-    for section in ("rendezvous", "runPolicy"):
+    for section in ("rendezvous", "runPolicy", "runtime"):
         for key, value in defaults[section].items():
             assert model[section][key] == value, f"{section}.{key}"
     ckpt = crd_defaults(spec_schema)["checkpoint"]

@@ -38,17 +38,20 @@ def group_of(body: Obj) -> Obj:
     return groups[0]
 
 
-# rendezvous pod: requests cpu 50m, memory 256Mi (builders.RENDEZVOUS_RESOURCES)
+# rendezvous pod: requests cpu 50m, memory 64Mi (builders.RENDEZVOUS_RESOURCES); each worker's injected init
+# container requests cpu 10m, memory 16Mi (inject.INIT_RESOURCES), which count where they exceed the worker's own
 @pytest.mark.parametrize(("body", "members", "resources"), [
     pytest.param(gang_job(4, {"requests": {"cpu": "1", "memory": "1Gi"}}), 5,
-                 {"cpu": "4050m", "memory": str(4 * GI + 256 * MI)}, id="fixed-4-workers-all-of-them"),
+                 {"cpu": "4050m", "memory": str(4 * GI + 64 * MI)}, id="fixed-4-workers-all-of-them"),
     pytest.param(gang_job(4, {"requests": {"cpu": "1"}}, elastic=(2, 4)), 3,
-                 {"cpu": "2050m", "memory": str(256 * MI)}, id="elastic-min-2-counts-2"),
+                 {"cpu": "2050m", "memory": str(64 * MI + 2 * 16 * MI)}, id="elastic-min-2-counts-2"),
     pytest.param(gang_job(2, {"limits": {"cpu": "2", "nvidia.com/gpu": "1"}}), 3,
-                 {"cpu": "4050m", "memory": str(256 * MI), "nvidia.com/gpu": "2"}, id="limits-only-are-requests"),
+                 {"cpu": "4050m", "memory": str(64 * MI + 2 * 16 * MI), "nvidia.com/gpu": "2"},
+                 id="limits-only-are-requests"),
     pytest.param(gang_job(2, {"requests": {"cpu": "500m"}}, init={"requests": {"cpu": "3"}}), 3,
-                 {"cpu": "6050m", "memory": str(256 * MI)}, id="larger-init-container-wins"),
-    pytest.param(gang_job(3), 4, {"cpu": "50m", "memory": str(256 * MI)}, id="no-requests-only-rendezvous"),
+                 {"cpu": "6050m", "memory": str(64 * MI + 2 * 16 * MI)}, id="larger-init-container-wins"),
+    pytest.param(gang_job(3), 4, {"cpu": "80m", "memory": str(64 * MI + 3 * 16 * MI)},
+                 id="no-requests-rendezvous-and-init"),
 ])
 def test_pod_group(body: Obj, members: int, resources: dict[str, str]) -> None:
     group = group_of(body)

@@ -10,7 +10,7 @@ from typing import Any, cast
 import kopf
 import pytest
 from ddpjob_operator import handlers, kube, podwatch
-from kopf._cogs.clients import api as kopf_api
+from ddpjob_operator.compat import kopf_api
 
 
 def test_only_event_handlers_are_registered_so_no_diff_base_is_needed() -> None:

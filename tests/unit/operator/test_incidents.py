@@ -37,6 +37,13 @@ def pod(**kw: Any) -> PodView:
         (pod(phase="Running", deletion_timestamp=at(0), disruption="DeletionByTaintManager"), "NodeLost", False,
          "unreachable"),
         (pod(phase="Running", gone=True, deletion_timestamp=at(0)), "PodDeleted", False, "deleted"),
+        (pod(phase="Failed", exit_code=128, reason="StartError", image="plain:1", termination_message=(
+            'failed to create containerd task: exec: "python3": executable file not found in $PATH: unknown')),
+         "WorkerFailed", True, "image plain:1 lacks the command's program"),
+        (pod(phase="Failed", exit_code=128, reason="StartError", termination_message="failed to mount: EIO"),
+         "WorkerFailed", False, "container could not start (StartError): failed to mount"),
+        (pod(phase="Failed", exit_code=79, termination_message="image plain:1: /usr/local/bin/python3 (Python 3.11.2) "
+             "cannot import torch"), "WorkerFailed", True, "(the image cannot run the runtime): image plain:1"),
     ],
 )
 def test_worker_loss_classification(view: PodView, cause: str, permanent: bool, words: str) -> None:

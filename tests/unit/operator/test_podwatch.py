@@ -10,7 +10,7 @@ from typing import Any
 import kopf
 import pytest
 from ddpjob_operator import podwatch
-from kopf._cogs.clients import watching
+from ddpjob_operator.compat import kopf_watching as watching
 
 
 def test_events_reach_the_sink_and_a_failed_stream_starts_again(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 import torch.distributed.launcher.api as launcher_api
 import torch.distributed.run as torch_run
-from ddpjob_worker import agent, contract, launch
+from ddpjob_worker import agent, compat, contract, launch
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -101,8 +101,9 @@ def test_unwritable_termination_log_does_not_change_the_exit_code(monkeypatch: p
 
 
 def test_sigterm_budget_reaches_the_agent(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch 2.15's launch_agent passes its own shutdown_timeout (default 30) to the agent, so the budget must
-    travel through torchrun's option, not an agent constructor default."""
+    """torch 2.15's launch_agent passes its own shutdown_timeout (default 30) to the agent, so there the budget must
+    travel through torchrun's option, not an agent constructor default; older torchruns have no such option and
+    PodAgent applies it itself (tests/unit/worker/test_compat.py)."""
     seen: list[Any] = []
 
     def launch_agent(config: Any, *_: Any, **__: Any) -> dict[int, Any]:
@@ -112,8 +113,11 @@ def test_sigterm_budget_reaches_the_agent(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(launcher_api, "launch_agent", launch_agent)
     monkeypatch.setenv(contract.DDPJOB_SIGTERM_BUDGET_SECONDS, "60")
     monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    monkeypatch.setattr(agent, "_shutdown_seconds", None)
     assert launch.main(["--nnodes=1", "--rdzv-backend=c10d", "--rdzv-endpoint=h:1", "train.py"]) == 0
-    assert seen[0].shutdown_timeout == 60 + launch.SHUTDOWN_MARGIN_SECONDS
+    assert agent._shutdown_seconds == 60 + launch.SHUTDOWN_MARGIN_SECONDS
+    if compat.capabilities().shutdown_timeout:
+        assert seen[0].shutdown_timeout == 60 + launch.SHUTDOWN_MARGIN_SECONDS
 
 
 @pytest.mark.parametrize(("explicit", "env", "expected"), [(None, {}, 65), (None, {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT":
@@ -233,7 +237,7 @@ def test_the_rendezvous_poll_is_shortened_and_nothing_else(monkeypatch: pytest.M
     monkeypatch.setattr(module, "_delay", module._delay)  # restored after the test
     slept: list[float] = []
     monkeypatch.setattr(time, "sleep", slept.append)
-    agent._faster_polls(0.1)
+    compat.shorten_rendezvous_poll(0.1)
     module._delay(seconds=1)  # the poll of a waiting agent (torch passes it by keyword)
     module._delay(seconds=0.5)  # anything else keeps its delay
     assert slept == [0.1, 0.5]

@@ -1,0 +1,383 @@
+"""Every private or version-dependent name of torch that the worker runtime touches, each with its fallback.
+
+The runtime supports torch 2.6 to 2.15 (``make test-compat`` runs its tests under each release of
+TORCH_COMPAT_VERSIONS in hack/versions.env) and reaches into torchrun's agent, launcher and c10d rendezvous,
+whose internals change between releases. Keeping those names here means a torch upgrade breaks one module, and
+``probe`` tells at the agent's start, in one log line, which behaviour this torch gets. Nothing here imports
+torch at module level: launch starts the pre-started trainers before its first torch import.
+
+What differs between releases (read in their sources, torch/distributed/...):
+
+- ``--shutdown-timeout`` (run.py), LaunchConfig.shutdown_timeout and a ``timeout`` parameter of the agent's
+  ``_shutdown``: torch 2.15, not 2.6 or 2.10. Without them the agent closes its workers 30 s after forwarding a
+  SIGTERM, whatever the checkpoint budget; PodAgent then closes them itself with the budget (``close_workers``).
+- ``numa_options`` of get_subprocess_handler: 2.10 and 2.15, not 2.6. What torchrun passes is passed on as is.
+- LocalElasticAgent._shutdown closes the rendezvous itself (2.6, not 2.10 or 2.15), after a failure and after a
+  SIGTERM too: the pod that replaces this one would find it closed. PodAgent detaches it (``detach_rendezvous``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import signal
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from datetime import timedelta
+from typing import Any
+
+from ddpjob_worker.logs import get_logger
+
+log = get_logger("compat")
+
+
+#: Private modules DistributedDataParallel's constructor imports lazily (torch._dynamo: 908 modules, sympy
+#: included) and a pre-started trainer imports ahead of time (ddpjob_worker.warm); one a torch lacks is skipped.
+DDP_LAZY_IMPORTS = ("torch._dynamo",)
+
+#: LocalElasticAgent's private methods that PodAgent (ddpjob_worker.agent) overrides: a torch that renamed one
+#: would skip the override silently, so the pod agent is then not installed at all (plain torchrun, said loudly).
+AGENT_OVERRIDES = ("_rendezvous", "_monitor_workers", "_exit_barrier", "_shutdown")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What this torch offers the runtime (each False has a fallback; ``describe`` says which is used)."""
+
+    #: torch's own version string, e.g. 2.6.0+cu124.
+    torch: str
+    #: torchrun takes --shutdown-timeout and its agent closes the workers with it after a SIGTERM.
+    shutdown_timeout: bool
+    #: torchrun's SubprocessHandler takes numa_options (NUMA-bound workers start cold: binding is set at exec).
+    numa_options: bool
+    #: LocalElasticAgent._shutdown shuts the rendezvous down itself (PodAgent detaches it).
+    agent_closes_rendezvous: bool
+    #: launch_agent looks LocalElasticAgent up in its module's globals (PodAgent can take its place).
+    agent_class: bool
+    #: Workers are started through get_subprocess_handler, a SubprocessHandler with a _popen (pre-started trainers).
+    subprocess_handler: bool
+    #: SimpleElasticAgent counts restarts in _remaining_restarts (a peer's death can give one back).
+    restart_refund: bool
+    #: DynamicRendezvousHandler can leave its round (exit op, heartbeats, deadlines).
+    leave_round: bool
+    #: The rendezvous poll (_delay) and the state cache (_cache_duration) can be shortened.
+    poll_tuning: bool
+    #: The handler's store and state can be switched to a new store (ddpjob_worker.storekeeper).
+    store_reconnect: bool
+
+    def describe(self) -> str:
+        """The one log line, e.g. ``torch 2.6.0: shutdown budget via agent override, numa_options no, ...``."""
+        def yes(flag: bool) -> str:
+            return "yes" if flag else "no"
+
+        return ", ".join([
+            f"torch {self.torch}: shutdown budget via "
+            + ("torchrun --shutdown-timeout" if self.shutdown_timeout else "agent override"),
+            f"numa_options {yes(self.numa_options)}",
+            "agent closes the rendezvous: " + ("yes, detached" if self.agent_closes_rendezvous else "no"),
+            f"pod agent {yes(self.agent_class)}",
+            "pre-started trainers " + ("yes" if self.subprocess_handler else "no (cold starts)"),
+            f"restart refund {yes(self.restart_refund)}",
+            f"leave round {yes(self.leave_round)}",
+            f"fast polls {yes(self.poll_tuning)}",
+            f"store reconnect {yes(self.store_reconnect)}",
+        ])
+
+
+def _checked(check: Callable[[], bool]) -> bool:
+    """A capability check that fails closed: a torch that moved the name gets the fallback."""
+    try:
+        return bool(check())
+    except Exception:  # ImportError, AttributeError, TypeError, ValueError from inspect: all "not here"
+        return False
+
+
+def assigns(function: Any, names: Iterable[str]) -> bool:
+    """Whether ``function``'s code uses every attribute name of ``names`` (instance attributes exist only once an
+    object is built; the names its ``__init__`` stores are in its code object)."""
+    code = inspect.unwrap(function).__code__
+    return set(names) <= set(code.co_names)
+
+
+def takes(function: Any, parameter: str) -> bool:
+    """Whether ``function`` has a parameter of that name."""
+    return parameter in inspect.signature(function).parameters
+
+
+def _has_shutdown_timeout() -> bool:
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.launcher.api import LaunchConfig
+    from torch.distributed.run import get_args_parser
+
+    # parse_known_args: an unknown option lands in the extras instead of exiting.
+    parsed, _ = get_args_parser().parse_known_args(["--shutdown-timeout", "7", "train.py"])
+    fields = {f.name for f in dataclasses.fields(LaunchConfig)}
+    return (getattr(parsed, "shutdown_timeout", None) == 7 and "shutdown_timeout" in fields
+            and takes(LocalElasticAgent._shutdown, "timeout"))
+
+
+def _probe() -> Capabilities:
+    import torch
+    import torch.distributed.elastic.multiprocessing.api as mp_module
+    import torch.distributed.launcher.api as launcher_module
+    from torch.distributed.elastic.agent.server import api as agent_api
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous import utils as utils_module
+
+    # Any: these are the names a release may lack, and every use below is a check that fails closed.
+    mp_api: Any = mp_module
+    launcher_api: Any = launcher_module
+    dr: Any = dynamic_rendezvous
+    rdzv_utils: Any = utils_module
+    handler_cls = dr.DynamicRendezvousHandler
+
+    def holder_assigns(*names: str) -> bool:
+        return assigns(dr._BackendRendezvousStateHolder.__init__, names)
+
+    return Capabilities(
+        torch=str(torch.__version__),
+        shutdown_timeout=_checked(_has_shutdown_timeout),
+        numa_options=_checked(lambda: takes(_subprocess_handler_class(), "numa_options")),
+        agent_closes_rendezvous=_checked(lambda: assigns(LocalElasticAgent._shutdown, ["_rdzv_handler", "shutdown"])),
+        agent_class=_checked(lambda: issubclass(launcher_api.LocalElasticAgent, LocalElasticAgent) and all(
+            callable(getattr(LocalElasticAgent, m)) for m in AGENT_OVERRIDES)),
+        subprocess_handler=_checked(lambda: callable(mp_api.get_subprocess_handler) and hasattr(
+            _subprocess_handler_class(), "_popen")),
+        restart_refund=_checked(lambda: assigns(agent_api.SimpleElasticAgent.__init__, ["_remaining_restarts"])),
+        leave_round=_checked(lambda: hasattr(dr, "_RendezvousExitOp") and assigns(
+            handler_cls.__init__, ["_op_executor", "_settings"]) and all(
+            hasattr(handler_cls, m) for m in ("_stop_heartbeats", "_get_deadline"))),
+        poll_tuning=_checked(lambda: callable(dr._delay) and callable(rdzv_utils._delay)
+                             and holder_assigns("_cache_duration")),
+        store_reconnect=_checked(lambda: assigns(handler_cls.__init__, ["_store", "_state_holder", "_heartbeat_lock"])
+                                 and holder_assigns("_backend", "_state", "_token", "_dirty", "_last_sync_time")),
+    )
+
+
+_capabilities: Capabilities | None = None
+
+
+def capabilities() -> Capabilities:
+    """This torch's capabilities, probed on the first call."""
+    global _capabilities
+    if _capabilities is None:
+        _capabilities = _probe()
+    return _capabilities
+
+
+def log_capabilities() -> Capabilities:
+    """Probe and log the result as one line (the agent does this once, as it starts)."""
+    caps = capabilities()
+    log.info("%s", caps.describe())
+    return caps
+
+
+# --- torchrun's launcher and agent -----------------------------------------------------------------------------
+
+
+def install_agent_class(cls: type) -> bool:
+    """Make launch_agent build ``cls`` (it looks LocalElasticAgent up in its module's globals). False, and the
+    name left alone, when this torch's launcher no longer builds the LocalElasticAgent that ``cls`` extends."""
+    import torch.distributed.launcher.api as launcher_api
+
+    current = getattr(launcher_api, "LocalElasticAgent", None)
+    if current is cls:
+        return True
+    if not capabilities().agent_class or current is None or not issubclass(cls, current):
+        return False
+    setattr(launcher_api, "LocalElasticAgent", cls)  # noqa: B010 - the module does not export the name
+    return True
+
+
+def requested_shutdown_timeout(args: Any) -> int | None:
+    """The --shutdown-timeout given to torchrun, where it has that option."""
+    value = getattr(args, "shutdown_timeout", None)
+    return value if isinstance(value, int) else None
+
+
+def set_shutdown_timeout(args: Any, seconds: int) -> bool:
+    """Put the seconds between SIGTERM and SIGKILL into torchrun's parsed arguments where torchrun has the option
+    (launch_agent hands it to the agent); False where the agent must apply it itself (``close_workers``)."""
+    if not capabilities().shutdown_timeout:
+        return False
+    args.shutdown_timeout = seconds
+    return True
+
+
+def signalled() -> bool:
+    """Whether the agent is shutting down because it got a signal: SimpleElasticAgent.run calls _shutdown from
+    its ``except SignalException`` block, and only there (a restart or the end of a run has no such exception)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    return isinstance(sys.exc_info()[1], SignalException)
+
+
+def close_workers(agent: Any, death_sig: signal.Signals, timeout: int) -> None:
+    """Send ``death_sig`` to the agent's workers and SIGKILL those still alive ``timeout`` seconds later (what
+    torch 2.15's agent does with --shutdown-timeout; older ones wait a fixed 30 s). Their own _shutdown, called
+    next, then finds them gone."""
+    pcontext = getattr(agent, "_pcontext", None)
+    if pcontext is not None:
+        pcontext.close(death_sig, timeout)
+
+
+def detach_rendezvous(agent: Any) -> None:
+    """Stop LocalElasticAgent._shutdown (torch 2.6) from shutting the rendezvous down: launch_agent still closes it
+    after a success, through the spec's handler, and leaves it open after a failure or a signal."""
+    if hasattr(agent, "_rdzv_handler"):
+        agent._rdzv_handler = None
+
+
+def refund_restart(agent: Any) -> bool:
+    """Give back the restart _invoke_run takes next; False when this torch counts restarts differently."""
+    if not isinstance(getattr(agent, "_remaining_restarts", None), int):
+        return False
+    agent._remaining_restarts += 1
+    return True
+
+
+def set_agent_store(agent: Any, store: Any) -> None:
+    """The store the agent's exit barrier uses (SimpleElasticAgent._store)."""
+    agent._store = store
+
+
+# --- the c10d rendezvous handler (DynamicRendezvousHandler) ----------------------------------------------------
+
+
+def rendezvous_settings(handler: Any) -> Any:
+    """The handler's RendezvousSettings (min/max nodes, timeouts), or None for another kind of handler."""
+    return getattr(handler, "_settings", None)
+
+
+def leave_round(handler: Any) -> None:
+    """Take this node out of the handler's current round, as torchrun's own re-rendezvous does first; raises when
+    this handler or torch cannot (the caller falls back on the heartbeat expiry)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+    handler._stop_heartbeats()
+    handler._op_executor.run(_RendezvousExitOp(), handler._get_deadline(handler._settings.timeout.close))
+
+
+def round_store(handler: Any) -> Any:
+    """The handler's store as the agents of the current round use it (prefixed by the round)."""
+    return handler._get_store()
+
+
+def set_poll_interval(handler: Any, seconds: float) -> bool:
+    """Make the handler re-read the rendezvous state every ``seconds`` (its state cache and its wait between
+    polls, both 1 s in torch); False, nothing changed, for a handler or a torch without them."""
+    holder = getattr(handler, "_state_holder", None)
+    if rendezvous_settings(handler) is None or not hasattr(holder, "_cache_duration"):
+        return False
+    holder._cache_duration = seconds  # type: ignore[union-attr]
+    shorten_rendezvous_poll(seconds)
+    return True
+
+
+def shorten_rendezvous_poll(poll: float) -> None:
+    """Replace dynamic_rendezvous's 1 s ``_delay`` (its only delay of exactly 1 s is the poll) with ``poll``."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous, utils
+
+    def delay(seconds: float | tuple[float, float]) -> None:  # torch passes it by keyword: keep the name
+        utils._delay(poll if seconds == 1 else seconds)
+
+    setattr(dynamic_rendezvous, "_delay", delay)  # noqa: B010 - a private name of the module
+
+
+def check_reconnectable(handler: Any) -> None:
+    """Raise AttributeError naming what is missing when the handler's store cannot be switched."""
+    holder, store = handler._state_holder, handler._store
+    _ = (holder._backend._store, holder._state, store.host, store.port, handler._heartbeat_lock)
+
+
+def handler_store(handler: Any) -> Any:
+    """The handler's TCPStore client (its host, port and timeout say where to reconnect)."""
+    return handler._store
+
+
+def handler_state(handler: Any) -> Any:
+    """The rendezvous state the handler last read or wrote (round, participants, spares, heartbeats)."""
+    return handler._state_holder.state
+
+
+def heartbeat_lock(handler: Any) -> Any:
+    """The lock the handler's keep-alive thread holds while it uses the state holder."""
+    return handler._heartbeat_lock
+
+
+def switch_store(handler: Any, store: Any, run_id: str, state_bits: bytes) -> None:
+    """Point the handler and its state holder at ``store``; ``state_bits`` are written there unless another agent
+    was first, whose state is adopted instead. Call with ``heartbeat_lock(handler)`` held."""
+    import pickle
+
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    backend = C10dRendezvousBackend(store, run_id)  # seeds the key a new store lacks
+    answer = backend.set_state(state_bits, None)  # compare-and-set against the empty key
+    if answer is None:
+        raise RuntimeError("the new store returned no rendezvous state")
+    bits, token, _ = answer
+    holder = handler._state_holder
+    holder._backend, handler._store = backend, store
+    holder._state, holder._token, holder._dirty = pickle.loads(bits), token, False
+    holder._last_sync_time = -1.0  # the next read goes to the store, not to the cache
+
+
+def connect_store(host: str, port: int, connect_timeout: timedelta, timeout: timedelta, libuv: bool) -> Any:
+    """A client of the TCPStore at host:port (public torch.distributed.TCPStore): waits at most
+    ``connect_timeout`` for the server, then uses ``timeout`` for every call."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    store = TCPStore(host, port, is_master=False, timeout=connect_timeout, wait_for_workers=False, use_libuv=libuv)
+    store.set_timeout(timeout)
+    return store
+
+
+def store_uses_libuv(store: Any) -> bool:
+    """Whether a store client speaks through libuv (torch's default since 2.4); True when it does not say."""
+    return bool(getattr(store, "libuvBackend", True))
+
+
+# --- how torchrun starts workers -------------------------------------------------------------------------------
+
+
+def _subprocess_handler_class() -> type:
+    from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import SubprocessHandler
+
+    return SubprocessHandler
+
+
+def install_subprocess_handler(factory: Callable[..., Any]) -> Callable[..., Any] | None:
+    """Make torchrun start binary workers through ``factory``; returns the function it replaced (the factory's
+    fallback), or None when this torch starts them some other way (every worker then starts cold)."""
+    import torch.distributed.elastic.multiprocessing.api as mp_module
+
+    mp_api: Any = mp_module  # the name is not exported
+    if not capabilities().subprocess_handler:
+        return None
+    current: Callable[..., Any] = mp_api.get_subprocess_handler
+    if current is not factory:
+        setattr(mp_api, "get_subprocess_handler", factory)  # noqa: B010 - module global, not exported
+    return current
+
+
+def adopted_handler(proc: Any, local_rank: int) -> Any:
+    """torchrun's SubprocessHandler around an already running process: its __init__ starts the process through
+    ``_popen``, which here returns ``proc`` (so poll, close and the signals are torch's own)."""
+    base = _subprocess_handler_class()
+
+    class Adopted(base):  # type: ignore[valid-type, misc]
+        def _popen(self, args: Any, env: Any) -> Any:
+            return proc
+
+    options = {"numa_options": None} if takes(base, "numa_options") else {}
+    return Adopted(entrypoint=str(proc.args[0]), args=tuple(proc.args[1:]), env={}, stdout=None, stderr=None,
+                   local_rank_id=local_rank, **options)
+
+
+def substitute_local_rank(args: Sequence[Any], local_rank: int) -> list[str]:
+    """torchrun's worker arguments for ``local_rank`` (``${local_rank}`` replaced, as its launcher does)."""
+    from torch.distributed.elastic.utils import macros  # type: ignore[attr-defined]
+
+    return [str(a) for a in macros.substitute(list(args), str(local_rank))]
