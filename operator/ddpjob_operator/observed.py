@@ -175,7 +175,11 @@ def _worker_image(spec: Mapping[str, Any]) -> str:
 def _waiting(status: Mapping[str, Any], state: Mapping[str, Any]) -> str:
     """Why a pod is not running yet: the scheduler's verdict, else the container's waiting reason."""
     def said(what: Mapping[str, Any], default: str) -> str:
-        return truncate(f"{what.get('reason') or default}: {what.get('message') or ''}".strip(": "), 300)
+        # The reason stays whole: the policies read it (Unschedulable, ImagePullBackOff); a long message (a failed
+        # pull's is several hundred characters) is cut at its start, keeping the end that says why.
+        reason = str(what.get("reason") or default)
+        message = str(what.get("message") or "").strip()
+        return f"{reason}: {truncate(message, 300 - len(reason) - 2)}" if message else reason
 
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PodScheduled" and cond.get("status") == "False":

@@ -39,7 +39,7 @@ class _TorchStore:
     """Torch's C++ server; imported only when chosen, so the default path never loads torch."""
 
     def __init__(self, host: str, port: int) -> None:
-        from torch._C._distributed_c10d import TCPStore
+        from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public: torch re-exports it
 
         # wait_for_workers=False: agents come and go; the store never waits for a fixed number of them. Torch's
         # server ignores ``host``: it listens on all addresses.

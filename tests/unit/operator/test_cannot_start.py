@@ -43,3 +43,16 @@ def test_an_init_container_that_cannot_pull_is_the_pods_reason() -> None:
     view = PodView.from_pod(body)
     assert view.waiting.startswith("ImagePullBackOff: Back-off pulling image \"ddpjob-runtime:9\"")
     assert cannot_start.decide([view]).blocked
+
+
+def test_a_long_kubelet_message_keeps_its_reason() -> None:
+    """A failed pull's message runs to hundreds of characters; cutting it must not cut the reason the policies
+    read (seen on the real node: PodsCannotStart stayed False)."""
+    long = "Back-off pulling image \"rt:no\": ErrImagePull: failed to pull and unpack image " + "x" * 400
+    body = {"metadata": {"name": "j-rdzv", "uid": "u", "labels": {"ddpjob.io/replica-type": "rendezvous"}},
+            "spec": {"containers": [{"name": "rendezvous", "image": "rt:no"}]},
+            "status": {"phase": "Pending", "containerStatuses": [
+                {"name": "rendezvous", "state": {"waiting": {"reason": "ImagePullBackOff", "message": long}}}]}}
+    view = PodView.from_pod(body)
+    assert view.waiting.startswith("ImagePullBackOff: ...") and len(view.waiting) <= 300
+    assert cannot_start.decide([view]).blocked
