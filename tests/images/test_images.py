@@ -39,14 +39,19 @@ def docker(*args: str, timeout: float = 600, check: bool = True) -> subprocess.C
     return proc
 
 
+def skip_unless_built(images: tuple[str, ...], build: str) -> None:
+    """Skip the module unless Docker answers and ``images`` exist: these tests check what ``build`` built."""
+    if shutil.which(DOCKER) is None or docker("info", check=False).returncode != 0:
+        pytest.skip("no Docker daemon: run `make images` first (it installs and starts one)")
+    missing = [i for i in images if docker("image", "inspect", i, check=False).returncode != 0]
+    if missing:
+        pytest.skip(f"images {missing} not built: run `{build}`")
+
+
 @pytest.fixture(scope="module", autouse=True)
 def images() -> None:
     """Both images must exist: these tests check what `make images` built, they do not build."""
-    if shutil.which(DOCKER) is None or docker("info", check=False).returncode != 0:
-        pytest.skip("no Docker daemon: run `make images` first (it installs and starts one)")
-    missing = [i for i in (WORKER, OPERATOR) if docker("image", "inspect", i, check=False).returncode != 0]
-    if missing:
-        pytest.skip(f"images {missing} not built: run `make images`")
+    skip_unless_built((WORKER, OPERATOR), "make images")
 
 
 @pytest.mark.parametrize("image", [WORKER, OPERATOR])

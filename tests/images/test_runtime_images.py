@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.training import PLAIN_IMAGE, RUNTIME_IMAGE, oldest_torch
-from tests.images.test_images import DOCKER, REPO, docker
+from tests.images.test_images import REPO, docker, skip_unless_built
 
 pytestmark = pytest.mark.e2e
 
@@ -26,13 +26,7 @@ RUNTIME_DIR = "/opt/ddpjob-runtime"
 @pytest.fixture(scope="module", autouse=True)
 def images() -> None:
     """These tests check what `hack/images.sh --e2e` built, they do not build."""
-    import shutil
-
-    if shutil.which(DOCKER) is None or docker("info", check=False).returncode != 0:
-        pytest.skip("no Docker daemon: run `make images` first (it installs and starts one)")
-    missing = [i for i in (RUNTIME_IMAGE, PLAIN_IMAGE) if docker("image", "inspect", i, check=False).returncode != 0]
-    if missing:
-        pytest.skip(f"images {missing} not built: run `bash hack/images.sh --e2e`")
+    skip_unless_built((RUNTIME_IMAGE, PLAIN_IMAGE), "bash hack/images.sh --e2e")
 
 
 @pytest.fixture(scope="module")
