@@ -16,6 +16,7 @@ from ddpjob_worker.contract import (
     RUNTIME_INIT_CONTAINER,
     RUNTIME_MOUNT_PATH,
     RUNTIME_VOLUME,
+    runs_python,
 )
 
 from ddpjob_operator.spec import DDPJob
@@ -45,7 +46,7 @@ def runtime_image(job: DDPJob) -> str:
 def bootstrap_python(command: Sequence[str]) -> str:
     """The interpreter that runs the runtime: the one the training command names (``python``, ``/opt/conda/bin/
     python3``: the one that has torch), else ``python3`` from the image's PATH."""
-    if command and os.path.basename(command[0]).startswith("python"):
+    if runs_python(command):
         return command[0]
     return "python3"
 

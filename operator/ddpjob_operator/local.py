@@ -80,7 +80,7 @@ def agent_argv(container: dict[str, Any], bindir: Path, *, inject: bool = False)
     ``args``, or ``ddp-worker ARGS`` when there is no command, as with the worker image."""
     if inject:
         training = contract.injected_command(container.get("command"), container.get("args"))
-        if training and os.path.basename(training[0]).startswith("python"):
+        if contract.runs_python(training):
             training = [sys.executable, *training[1:]]  # the image's python is this venv's here
         return [sys.executable, "-m", "ddpjob_worker.entrypoint", "--", *training]
     command = [str(x) for x in container.get("command") or []]

@@ -155,6 +155,11 @@ DROPPABLE_PYTHON_FLAGS = frozenset({"-u"})
 WORKER_ENTRYPOINT = "ddp-worker"
 
 
+def runs_python(command: Sequence[str]) -> bool:
+    """Whether ``command`` starts with a Python interpreter (``python``, ``python3``, ``/opt/conda/bin/python``)."""
+    return bool(command) and os.path.basename(command[0]).startswith("python")
+
+
 def python_target(command: Sequence[str]) -> tuple[bool, list[str]] | None:
     """``(as_module, [target, *args])`` when ``command`` runs Python code that the recorded runner can run in the
     trainer process itself (``python x.py ...``, ``python -u x.py``, ``python -m pkg ...``, ``x.py ...``); None for
@@ -162,7 +167,7 @@ def python_target(command: Sequence[str]) -> tuple[bool, list[str]] | None:
     builds the trainer's command with it and the operator asks it whether the runtime can see a job's steps."""
     if not command:
         return None
-    if os.path.basename(command[0]).startswith("python"):
+    if runs_python(command):
         rest = list(command[1:])
         while rest and rest[0] in DROPPABLE_PYTHON_FLAGS:
             rest = rest[1:]
