@@ -80,7 +80,10 @@ def _run(rank: int, root: Path) -> None:
                             timeout=datetime.timedelta(seconds=60))  # a rank left behind fails the test, not hangs it
     results = {"shared": _shared_volume(rank, root), "per_pod": _per_pod_volumes(rank, root)}
     (root / f"result-{rank}.json").write_text(json.dumps(results))
-    dist.destroy_process_group()
+    # Not destroy_process_group nor a normal exit: on torch 2.6-2.10 the gloo group's teardown after these
+    # collectives can hang (the GIL against gloo's thread freeing a tensor torch made inside all_gather_object).
+    # The results are written; the test is about them, not about torch's teardown.
+    os._exit(0)
 
 
 @pytest.fixture(scope="module")

@@ -173,6 +173,7 @@ class Checkpointer:
         self._async_pending = False
         self._failures = SaveFailures(self.rank, self.device)
         self._sigterm_at: float | None = None
+        self._preempt_flag: torch.Tensor | None = None  # preempted()'s all-reduce buffer
         self._previous_handler: Any = None
         self.last_saved_step: int | None = None
         self.last_saved_time: float | None = None
@@ -204,9 +205,13 @@ class Checkpointer:
         flag = 1.0 if self._sigterm_at is not None else 0.0
         if not self._distributed:
             return flag > 0
-        tensor = torch.tensor([flag], device=self.device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return bool(tensor.item() > 0)
+        # One tensor per run, not one per step: on torch 2.6-2.10 a gloo group's teardown at exit can hang on the
+        # GIL while gloo's thread frees the last all-reduce's tensor (2 hangs in 6 runs on 2.10; 0 with this).
+        if self._preempt_flag is None:
+            self._preempt_flag = torch.zeros(1, device=self.device)
+        self._preempt_flag.fill_(flag)
+        dist.all_reduce(self._preempt_flag, op=dist.ReduceOp.MAX)
+        return bool(self._preempt_flag.item() > 0)
 
     def exit_preempted(self, state: TrainState) -> NoReturn:
         """Write the final checkpoint (blocking) and exit 143 on every rank."""
