@@ -37,7 +37,7 @@ RUN mkdir /requirements \
  && python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
 print("\n".join(p["dependencies"]))' >/requirements/operator.txt \
  && python3 -c 'import tomllib; p = tomllib.load(open("/src/pyproject.toml", "rb"))["project"]; \
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["worker"]))' >/requirements/worker.txt
+print("\n".join(p["dependencies"] + p["optional-dependencies"]["torch"] + p["optional-dependencies"]["worker"]))' >/requirements/worker.txt
 
 # deps-<image>: the virtualenv with the dependencies only (hack/image-venv.sh; pip removed at the end).
 FROM base AS deps-operator

@@ -37,7 +37,7 @@ import re, sys, tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))
 extras = p["project"]["optional-dependencies"]
 name = lambda r: re.split(r"[\s<>=!~\[;]", r, maxsplit=1)[0].lower()
-reqs = [r for r in p["project"]["dependencies"] + extras["worker"] if name(r) not in {"torch", "kubernetes"}]
+reqs = [r for r in p["project"]["dependencies"] + extras["worker"] if name(r) != "torch"]
 reqs += [r for r in extras["dev"] if name(r) in {"pytest", "pytest-timeout"}]
 print("\n".join(sorted(set(reqs)) + [f"torch=={sys.argv[1]}"]))
 EOF

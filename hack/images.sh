@@ -135,7 +135,8 @@ mkdir -p "$WHEELHOUSE"
 reqs=$("$REPO/.venv/bin/python" - <<'EOF'
 import tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))["project"]
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["worker"] + ["setuptools>=77", "wheel"]))
+extras = p["optional-dependencies"]
+print("\n".join(p["dependencies"] + extras["torch"] + extras["worker"] + ["setuptools>=77", "wheel"]))
 EOF
 )
 stamp=$WHEELHOUSE/.stamp

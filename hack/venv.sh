@@ -23,8 +23,9 @@ reqs=$("$PY" - <<'EOF'
 import tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))
 extras = p["project"]["optional-dependencies"]
-names = {"ddpjob[worker]": extras["worker"]}
-dev = [r for d in extras["dev"] for r in names.get(d, [d])]
+# ddpjob[a,b] in dev: the requirements of those extras of ddpjob itself.
+own = lambda r: [x for e in r[len("ddpjob["):-1].split(",") for x in extras[e]] if r.startswith("ddpjob[") else [r]
+dev = [x for r in extras["dev"] for x in own(r)]
 print("\n".join(sorted(set(p["project"]["dependencies"] + dev + p["build-system"]["requires"]))))
 EOF
 )

@@ -222,7 +222,7 @@ def test_a_store_client_is_torchs_public_tcpstore() -> None:
 
 
 def test_the_supported_range_is_the_one_the_matrix_runs() -> None:
-    """pyproject's worker extra, the runtime's own check (contract) and the matrix (hack/versions.env) name one
+    """pyproject's torch extra, the runtime's own check (contract) and the matrix (hack/versions.env) name one
     range: a release outside the matrix is not promised anywhere."""
     import re
     import tomllib
@@ -236,7 +236,9 @@ def test_the_supported_range_is_the_one_the_matrix_runs() -> None:
     matrix = [tuple(int(p) for p in v.split(".")[:2]) for v in line.split("=", 1)[1].strip('"').split()]
     assert matrix == sorted(matrix) and matrix[0] == contract.TORCH_MIN_VERSION
     assert matrix[-1] == contract.TORCH_MAX_TESTED_VERSION
-    extra = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]["worker"]
-    pin = next(r for r in extra if r.startswith("torch"))
+    extras = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    pin = next(r for r in extras["torch"] if r.startswith("torch"))
+    # The worker extra goes into users' images: it never asks for torch, so pip never replaces theirs.
+    assert not [r for r in extras["worker"] if r.startswith("torch")]
     low, high = contract.TORCH_MIN_VERSION, contract.TORCH_MAX_TESTED_VERSION
     assert re.sub(r"\s", "", pin) == f"torch>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"
