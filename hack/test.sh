@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# `make test` (and so CI): test-fast, then the e2e tier, with the set-up that waits on the network or the disk
-# run beside work that needs the CPU, so a cold machine pays for less of it one after the other:
+# `make test` (and so CI): test-fast, the e2e tier, then the worker tests under the oldest supported torch, with the
+# set-up that waits on the network or the disk run beside work that needs the CPU, so a cold machine pays for less
+# of it one after the other:
 #   1. the venv (pip: downloading and unpacking torch) beside the control-plane tool builds (Go: compiling);
 #   2. the e2e tier's own set-up (Debian packages, kubelet/kube-proxy/CoreDNS builds, the images) beside
 #      test-fast, at the lowest CPU and I/O priority so the tests it shares the two cores with keep theirs
-#      (their waits are timed). `make e2e` then finds it all cached, or builds what the background could not.
+#      (their waits are timed). `make e2e` then finds it all cached, or builds what the background could not;
+#   3. the oldest torch's venv beside test-fast as well (hack/compat.sh --python).
 # A warm run costs the same as before: every step is then a cache check. Rows of what ran beside another phase
 # end in "*" in the timing table (hack/timings.py) and are not in its sum.
 # Environment: DDPJOB_TIMINGS (the timing table's file), MAKE (default make).
@@ -52,15 +54,28 @@ echo "[test] e2e set-up beside test-fast, at the lowest priority (its log: .out/
 beside e2e-setup .out/e2e-setup.log nice -n 19 ionice -c 3 bash -c \
   "bash hack/timed.sh node-packages bash hack/node-packages.sh && bash hack/timed.sh node-tools bash hack/install-tools.sh --node && bash hack/timed.sh images bash hack/images.sh --e2e"
 setup_pid=${bg[-1]}
+# The oldest torch we claim (issue 22): its venv (pip, ~1.5 min cold) beside test-fast too; its tests run last.
+# The newest is the main venv's, which test-fast runs.
+# shellcheck disable=SC1091  # KEY=value lines only
+oldest_torch=$(. hack/versions.env && echo "${TORCH_COMPAT_VERSIONS%% *}")
+beside compat-venv .out/compat-venv.log nice -n 19 ionice -c 3 \
+  bash hack/timed.sh compat-venv bash hack/compat.sh --python "$oldest_torch"
+compat_venv_pid=${bg[-1]}
 $MAKE --no-print-directory test-fast
 fast_rc=$?
 wait "$setup_pid"; setup_rc=$?
 merge e2e-setup
+wait "$compat_venv_pid"
+merge compat-venv
 # Not fatal here: `make e2e` runs each step again in the foreground and fails there with the step's own error.
 [ "$setup_rc" = 0 ] || echo "[test] the e2e set-up beside test-fast failed (exit $setup_rc; .out/e2e-setup.log); make e2e retries it" >&2
 bg=()
 
 $MAKE --no-print-directory e2e
 e2e_rc=$?
+# tests/worker and tests/unit/worker under the oldest torch (`make test-compat` runs every release of the matrix).
+$MAKE --no-print-directory test-compat TORCH_VERSIONS="$oldest_torch"
+compat_rc=$?
 [ "$fast_rc" = 0 ] || exit "$fast_rc"
-exit "$e2e_rc"
+[ "$e2e_rc" = 0 ] || exit "$e2e_rc"
+exit "$compat_rc"
