@@ -42,7 +42,7 @@ def torch_version(find_spec: Callable[[str], object | None] = importlib.util.fin
     return "unknown"
 
 
-def _release(version: str) -> tuple[int, int] | None:
+def release(version: str) -> tuple[int, int] | None:
     """(major, minor) of a torch version such as 2.8.0+cu128 or 2.6.0a0+ecf3bae.nv25.01; None if unreadable."""
     found = _VERSION_RE.match(version)
     return (int(found.group(1)), int(found.group(2))) if found else None
@@ -59,16 +59,16 @@ def image_problem(image: str, python: str, torch: str | None) -> str | None:
     if torch is None:
         return (f"{where} cannot import torch; the injected ddpjob runtime runs torchrun with the image's own Python: "
                 f"install torch {lo} to {hi} in the image (pip install torch), or use a command whose python has it")
-    release = _release(torch)
-    if release is not None and release < contract.TORCH_MIN_VERSION:
+    found = release(torch)
+    if found is not None and found < contract.TORCH_MIN_VERSION:
         return f"{where} has torch {torch}, older than the oldest supported ({lo}); use torch {lo} to {hi}"
     return None
 
 
 def torch_warning(torch: str) -> str | None:
     """A line for the log when torch is newer than the tested range (it runs, but nobody has proven it)."""
-    release = _release(torch)
-    if release is None or release > contract.TORCH_MAX_TESTED_VERSION:
+    found = release(torch)
+    if found is None or found > contract.TORCH_MAX_TESTED_VERSION:
         return (f"torch {torch} is outside the tested range ({_dotted(contract.TORCH_MIN_VERSION)} to "
                 f"{_dotted(contract.TORCH_MAX_TESTED_VERSION)}); going on")
     return None

@@ -173,6 +173,50 @@ def log_capabilities() -> Capabilities:
     return caps
 
 
+# --- the trainer's process groups ------------------------------------------------------------------------------
+
+#: Every process group the script destroyed: kept referenced, never freed, until the trainer leaves by os._exit.
+_kept_groups: list[Any] = []
+#: The first release whose trainers were never seen hanging at their end (make test-compat: about one end in three
+#: on 2.6 and 2.10, none on 2.15). Older ones get keep_process_groups, and a trainer that succeeded leaves by
+#: os._exit as a failed one does (recorded.cli).
+GLOO_TEARDOWN_SAFE_FROM = (2, 15)
+
+
+def gloo_teardown_may_hang() -> bool:
+    """Whether this torch is older than GLOO_TEARDOWN_SAFE_FROM (an unreadable version counts as older)."""
+    import torch
+
+    from ddpjob_worker.bootstrap import release
+
+    found = release(str(torch.__version__))
+    return found is None or found < GLOO_TEARDOWN_SAFE_FROM
+
+
+def keep_process_groups() -> None:
+    """Make destroy_process_group keep a reference to what it removes. A gloo group freed on a thread holding the
+    GIL joins its worker threads, and one of those may be waiting for the GIL to free the last collective's
+    tensors: the trainer hangs at its end (torch 2.6 and 2.10, about one exit in three in tests/worker; the DDP
+    tutorial's order, destroy_process_group and then the model freed, is such an end). Kept alive, the group is
+    never freed: the trainer leaves by os._exit (recorded.leave), so neither is it at interpreter exit."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d.destroy_process_group
+    if getattr(original, "keeps_groups", False):
+        return
+
+    def destroy_process_group(group: Any = None) -> None:
+        world = getattr(c10d, "_world", None)
+        _kept_groups.extend(list(getattr(world, "pg_map", {})) if group is None else [group])
+        original(group)
+
+    destroy_process_group.__doc__ = original.__doc__
+    destroy_process_group.keeps_groups = True  # type: ignore[attr-defined]
+    c10d.destroy_process_group = destroy_process_group
+    dist.destroy_process_group = destroy_process_group
+
+
 # --- torchrun's launcher and agent -----------------------------------------------------------------------------
 
 

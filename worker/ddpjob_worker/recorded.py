@@ -75,7 +75,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(_USAGE, file=sys.stderr)
         raise SystemExit(2)
     await_rank0_store()
-    from ddpjob_worker import autoprogress
+    from ddpjob_worker import autoprogress, compat
+
+    if compat.gloo_teardown_may_hang():
+        compat.keep_process_groups()  # and the trainer leaves by os._exit after success too (cli)
 
     counting = autoprogress.install()
     # record turns SystemExit(0) into a normal return and re-raises every other exit, so codes are kept.
@@ -107,18 +110,28 @@ def leave(code: int) -> NoReturn:
 
 def cli() -> None:
     """``python -m ddpjob_worker.recorded``: main(), and a trainer that failed (an exception, or a non-zero exit
-    such as 143 after its SIGTERM checkpoint) leaves at once (leave). Success exits the normal way."""
+    such as 143 after its SIGTERM checkpoint) leaves at once (leave). Success exits the normal way, except on the
+    torches whose gloo teardown may hang (compat.keep_process_groups): it leaves too, freeing no process group."""
     try:
         main()
     except SystemExit as stop:
         if stop.code is None or stop.code == 0:
-            raise
+            _succeeded()
         if not isinstance(stop.code, int):
             print(stop.code, file=sys.stderr)
         leave(stop.code if isinstance(stop.code, int) else 1)
     except Exception:
         sys.excepthook(*sys.exc_info())  # the traceback Python would print (record re-raised it)
         leave(1)
+    _succeeded()
+
+
+def _succeeded() -> None:
+    from ddpjob_worker import compat
+
+    if compat.gloo_teardown_may_hang():
+        leave(0)
+    sys.exit(0)
 
 
 if __name__ == "__main__":

@@ -242,3 +242,33 @@ def test_the_supported_range_is_the_one_the_matrix_runs() -> None:
     assert not [r for r in extras["worker"] if r.startswith("torch")]
     low, high = contract.TORCH_MIN_VERSION, contract.TORCH_MAX_TESTED_VERSION
     assert re.sub(r"\s", "", pin) == f"torch>={low[0]}.{low[1]},<{high[0]}.{high[1] + 1}"
+
+
+def test_a_destroyed_process_group_stays_referenced(tmp_path: Any) -> None:
+    """The gloo teardown hang (compat.keep_process_groups): destroy_process_group keeps what it removes, in a
+    subprocess so this test's process keeps its own torch.distributed as it was."""
+    script = f"""
+import gc, weakref, torch.distributed as dist
+from ddpjob_worker import compat
+compat.keep_process_groups()
+compat.keep_process_groups()  # twice: wrapped once
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1)
+default = dist.distributed_c10d._get_default_group()
+side = dist.new_group(backend="gloo")
+dist.destroy_process_group(side)
+dist.destroy_process_group()
+print(dist.destroy_process_group.keeps_groups, len(compat._kept_groups),
+      any(g is default for g in compat._kept_groups), any(g is side for g in compat._kept_groups))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["True", "2", "True", "True"], out.stdout + out.stderr
+
+
+@pytest.mark.parametrize(("version", "may_hang"), [
+    ("2.6.0+cu124", True), ("2.10.0", True), ("2.14.1", True), ("2.6.0a0+ecf3bae.nv25.01", True), ("weird", True),
+    ("2.15.0+cu132", False), ("2.16.0", False), ("3.0.0", False),
+])
+def test_the_trainers_exit_by_os_exit_below_the_release_seen_never_to_hang(
+        monkeypatch: pytest.MonkeyPatch, version: str, may_hang: bool) -> None:
+    monkeypatch.setattr(torch, "__version__", version)
+    assert compat.gloo_teardown_may_hang() is may_hang
