@@ -183,6 +183,13 @@ _kept_groups: list[Any] = []
 GLOO_TEARDOWN_SAFE_FROM = (2, 15)
 
 
+def keep_group(group: Any) -> None:
+    """Never free ``group`` (a gloo group the checkpoint library made for itself): on the torches of
+    keep_process_groups, freeing it, as the last reference goes, can hang the trainer where it stands. A trainer
+    makes at most a few (one per resume that fetches a checkpoint from a peer)."""
+    _kept_groups.append(group)
+
+
 def gloo_teardown_may_hang() -> bool:
     """Whether this torch is older than GLOO_TEARDOWN_SAFE_FROM (an unreadable version counts as older)."""
     import torch

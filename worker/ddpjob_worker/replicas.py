@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ddpjob_worker import contract
+from ddpjob_worker import compat, contract
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -136,6 +136,7 @@ def transfer(plan: ResumePlan, data: dict[str, Any] | None) -> dict[str, Any] | 
     payload: list[Any] = [to_host(data, copy=False) if rank == plan.source else None]
     dist.broadcast_object_list(payload, src=plan.source, group=group)
     dist.destroy_process_group(group)
+    compat.keep_group(group)  # freed as this function returns, it hung resumes on torch 2.6 (compat.py)
     if rank == plan.source:
         return None
     received: dict[str, Any] = payload[0]
