@@ -212,6 +212,20 @@ def test_success_then_ttl_deletes_job() -> None:
     assert c.step(at(131)).delete_job
 
 
+def test_a_job_that_succeeds_with_an_incident_still_recovering_closes_it() -> None:
+    c = running_cluster()
+    c.set_phase("job-rdzv", "Failed", exit_code=137)
+    c.step(at(5))
+    assert c.status["incidents"][0]["outcome"] == "Recovering"
+    for name in c.worker_names():  # the group trained through the store's loss and finished
+        c.set_phase(name, "Succeeded")
+    c.step(at(100))
+    assert cond(c.status, "Succeeded")["reason"] == "WorkersSucceeded"
+    [incident] = c.status["incidents"]
+    assert incident["outcome"] == "Recovered" and incident["recoveredTime"] == "2026-01-01T12:01:40Z"
+    assert incident["message"].endswith("(closed when the job succeeded)")
+
+
 def test_elastic_success_waits_for_stragglers_then_close_timeout() -> None:
     c = FakeCluster(make_job(replicas=3).with_elastic(1, 3).obj())
     c.converge(at(0))

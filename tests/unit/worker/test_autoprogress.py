@@ -114,6 +114,7 @@ def test_the_thread_announces_the_new_group_then_reports_after_the_first_step() 
     counter()
     auto.close()  # the script returned: its final count goes out, and the thread ends
     thread.join(10)
+    assert auto.reporter.drain(5)
     assert not thread.is_alive() and api.bodies[-1]["globalStep"] == 2
 
 
