@@ -118,6 +118,17 @@ def test_permanent_exit_code_fails_with_message_and_cleans_running_pods() -> Non
     assert c.plan(at(21)).create_pods == []
 
 
+def test_a_secret_in_a_workers_last_words_is_masked_in_status_and_events() -> None:
+    c = running_cluster()
+    secret = "https://bob:hunter2@data.example/shard?X-Amz-Signature=0f1e2d3c"
+    c.set_phase("job-worker-1", "Failed", exit_code=78, message=f"HTTPError 403 for {secret}")
+    p = c.step(at(20))
+    copies = [cond(c.status, "Failed")["message"], *(i["message"] for i in c.status["incidents"]),
+              *(e.message for e in p.events)]
+    assert any("HTTPError 403 for https://bob:***@data.example/shard?X-Amz-Signature=***" in m for m in copies)
+    assert not [m for m in copies if "hunter2" in m or "0f1e2d3c" in m], copies
+
+
 @pytest.mark.parametrize(
     ("policy", "code", "fails"),
     [
