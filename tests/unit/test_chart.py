@@ -179,7 +179,7 @@ def test_optional_pieces(render: Render) -> None:
 
 @pytest.mark.parametrize("bad", [
     "unknownTopLevel=1",
-    "image.registry=quay.io",
+    "image.registry=registry.example",
     "rbac.everything=true",
     "watchNamespaces={Not_A_Namespace}",
     "image.pullPolicy=Sometimes",
