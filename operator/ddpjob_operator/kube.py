@@ -92,6 +92,8 @@ MAX_IN_FLIGHT = 64
 PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     (GROUP, PLURAL): ("list", "watch", "delete"),
     (GROUP, f"{PLURAL}/status"): ("patch",),
+    # Not a call of this module: what OwnerReferencesPermissionEnforcement asks of a blockOwnerDeletion reference.
+    (GROUP, f"{PLURAL}/finalizers"): ("update",),
     ("", "pods"): ("get", "list", "watch", "create", "delete"),
     ("", "services"): ("get", "list", "watch", "create"),
     ("", "serviceaccounts"): ("get", "list", "watch", "create"),

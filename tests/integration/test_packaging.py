@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ddpjob_operator.builders import build_worker_identity
+from ddpjob_operator.builders import build_service, build_worker_identity
+from ddpjob_operator.spec import parse_ddpjob
 
 from tests.conftest import Cluster, wait_for
 
@@ -196,6 +197,22 @@ def test_operator_can_create_the_workers_identity(cluster: Cluster, release: str
     role["rules"] = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
     proc = cluster.kubectl("create", f"--as={sa}", "-f", "-", stdin=json.dumps(role), check=False)
     assert proc.returncode != 0 and "forbidden" in proc.stderr.lower(), proc.stderr
+
+
+def test_children_pass_owner_reference_enforcement(cluster: Cluster, release: str) -> None:
+    """Issue 23 #9: the control plane runs OwnerReferencesPermissionEnforcement (OpenShift's default). Every child
+    refers to its DDPJob with blockOwnerDeletion, which that plugin allows only to whoever may update the job's
+    finalizers: without that right in the chart, every child the operator creates is refused."""
+    sa = f"system:serviceaccount:{release}:{RELEASE}"
+    manifest = {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob",
+                "metadata": {"name": "owner", "namespace": release},
+                "spec": {"workers": 1, "template": {"spec": {"containers": [
+                    {"name": "trainer", "image": "busybox", "command": ["python", "train.py"]}]}}}}
+    created = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-", stdin=json.dumps(manifest)).stdout)
+    service = build_service(parse_ddpjob(created))
+    assert service["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
+    proc = cluster.kubectl("create", f"--as={sa}", "-f", "-", stdin=json.dumps(service), check=False)
+    assert proc.returncode == 0, proc.stderr
 
 
 def test_rbac_namespaced_mode_reaches_only_watched_namespaces(
