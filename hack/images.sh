@@ -26,7 +26,8 @@
 #      Dockerfile, the tutorial script and those wheels in $CACHE/plain-context, and `docker build` of it.
 # Environment: DDPJOB_CACHE (default ~/.cache/ddpjob), TAG (default dev), DOCKER (client binary),
 # DDPJOB_DOCKER_ROOT (--data-root of a dockerd this script starts: a disk with room for the ~9 GB of images and
-# build cache, or an empty directory to measure a cold build).
+# build cache, or an empty directory to measure a cold build), DEBIAN_MIRROR (debootstrap's mirror; default: the
+# machine's own apt source).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO=$PWD
@@ -112,11 +113,18 @@ progress=(--progress=plain)
 # 3. The base image stand-in.
 if ! "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
   command -v debootstrap >/dev/null || { apt-get update -qq; apt-get install -y -qq debootstrap >/dev/null; }
-  mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
+  # The machine's own Debian mirror (the repository names none): DEBIAN_MIRROR, else apt's first source.
+  mirror=${DEBIAN_MIRROR:-$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {print $2; exit}')}
+  mirror=${mirror:-$(awk '$1 == "deb" {print ($2 ~ /^\[/ ? $3 : $2); exit}' /etc/apt/sources.list 2>/dev/null)}
+  if [ -z "$mirror" ]; then
+    echo "images: no Debian mirror for debootstrap: apt has no source (/etc/apt/sources.list.d/*.sources," \
+      "/etc/apt/sources.list); set DEBIAN_MIRROR=<your Debian mirror's URL>" >&2
+    exit 1
+  fi
   rootfs=$(mktemp -d "$CACHE/rootfs.XXXXXX")
-  log "debootstrap bookworm into $rootfs (mirror ${mirror:-http://deb.debian.org/debian})"
+  log "debootstrap bookworm into $rootfs (mirror $mirror)"
   debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$rootfs" \
-    "${mirror:-http://deb.debian.org/debian}" >"$CACHE/debootstrap.log" 2>&1 \
+    "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
     || { tail -n 30 "$CACHE/debootstrap.log"; exit 1; }
   # Trim what an image never needs (apt lists, caches, docs); the official slim image does the same.
   rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/* "$rootfs"/usr/share/doc/* \

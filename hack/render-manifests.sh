@@ -15,4 +15,7 @@ metadata:
   labels:
     app.kubernetes.io/part-of: ddpjob
 HEADER
-"$helm" template "$release" "$chart" --namespace "$namespace" --include-crds
+# The worker admission policy renders only for API servers that serve ValidatingAdmissionPolicy (1.30+): the
+# manifest is for those (helm template alone assumes none).
+"$helm" template "$release" "$chart" --namespace "$namespace" --include-crds \
+  --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy

@@ -1,5 +1,5 @@
 /* The pod sandbox's only process: holds the pod's namespaces open and exits on SIGINT/SIGTERM.
- * Built static (gcc -static) into a scratch image because no registry.k8s.io/pause can be pulled here. */
+ * Built static (gcc -static) into a scratch image because no pause image can be pulled here. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

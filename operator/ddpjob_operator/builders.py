@@ -256,18 +256,16 @@ def build_worker_identity(namespace: str) -> list[Obj]:
 
 
 def build_network_policy(job: DDPJob) -> Obj:
-    """Only the job's own pods may reach its rendezvous port: the store accepts any client that connects, and
-    one that writes garbage keys can stall or end every agent's rendezvous. Enforced where the cluster's network
-    plugin implements NetworkPolicy (most do; the local real node's bridge plugin does not)."""
-    port = job.spec.rendezvous.port
+    """Only the job's own pods may reach any of its pods (issue 23 #6): the rendezvous store accepts any client
+    and every agent unpickles the rendezvous state it holds; rank 0's trainer serves the process group's store,
+    and gloo and NCCL listen on every worker. Policies add up, so a port a user wants open (TensorBoard on rank 0)
+    takes one more NetworkPolicy of theirs. Enforced where the cluster's network plugin implements NetworkPolicy
+    (most do; the local real node's bridge plugin does not)."""
+    own = {"podSelector": {"matchLabels": {names.LABEL_JOB_NAME: job.name}}}
     return _child("networking.k8s.io/v1", "NetworkPolicy", names.network_policy_name(job.name), job, spec={
-        "podSelector": {"matchLabels": {names.LABEL_JOB_NAME: job.name,
-                                        names.LABEL_REPLICA_TYPE: names.TYPE_RENDEZVOUS}},
+        **own,
         "policyTypes": ["Ingress"],
-        "ingress": [{
-            "from": [{"podSelector": {"matchLabels": {names.LABEL_JOB_NAME: job.name}}}],
-            "ports": [{"protocol": "TCP", "port": port}],
-        }],
+        "ingress": [{"from": [own]}],
     })
 
 

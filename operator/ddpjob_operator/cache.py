@@ -70,21 +70,22 @@ class ChildCache:
             self._apply_pod(key, event_type, PodView.from_pod(obj))
         else:
             view = ChildView.from_object(obj, kind)
-            group = self._children.setdefault(key, {})
             if event_type == "DELETED":
-                group.pop((kind, view.name), None)
+                # get, not setdefault: a late event of a job already forgotten must not bring its key back.
+                _drop(self._children, key, (kind, view.name))
             else:
+                group = self._children.setdefault(key, {})
                 old = group.get((kind, view.name))
                 if old is None or old.uid != view.uid or view.resource_version >= old.resource_version:
                     group[(kind, view.name)] = view
         return key
 
     def _apply_pod(self, key: Key, event_type: str | None, view: PodView) -> None:
-        pods = self._pods.setdefault(key, {})
         if event_type == "DELETED":
-            pods.pop(view.uid, None)
-            self._bury(key, view)
+            _drop(self._pods, key, view.uid)
+            self._bury(key, view)  # a tombstone, which expires
             return
+        pods = self._pods.setdefault(key, {})
         old = pods.get(view.uid)
         if old is None or view.resource_version >= old.resource_version:
             pods[view.uid] = view
@@ -179,3 +180,11 @@ class ChildCache:
         self._tombs.pop(key, None)
         self._children.pop(key, None)
 
+
+def _drop(store: dict[Key, dict[Any, Any]], key: Key, item: Any) -> None:
+    """Remove ``item`` of the job ``key``, and the job's entry once empty (reads treat a missing one as empty)."""
+    group = store.get(key)
+    if group is not None:
+        group.pop(item, None)
+        if not group:
+            del store[key]

@@ -24,6 +24,7 @@ from urllib.parse import urlencode
 import aiohttp
 import kopf
 
+from ddpjob_operator import metrics, ratelimit
 from ddpjob_operator.compat import kopf_api, kopf_errors
 from ddpjob_operator.names import FIELD_MANAGER
 from ddpjob_operator.policies.children import Problem
@@ -92,6 +93,8 @@ MAX_IN_FLIGHT = 64
 PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     (GROUP, PLURAL): ("list", "watch", "delete"),
     (GROUP, f"{PLURAL}/status"): ("patch",),
+    # Not a call of this module: what OwnerReferencesPermissionEnforcement asks of a blockOwnerDeletion reference.
+    (GROUP, f"{PLURAL}/finalizers"): ("update",),
     ("", "pods"): ("get", "list", "watch", "create", "delete"),
     ("", "services"): ("get", "list", "watch", "create"),
     ("", "serviceaccounts"): ("get", "list", "watch", "create"),
@@ -161,6 +164,26 @@ def adopt(obj: Obj, owner: Mapping[str, Any]) -> Obj:
     return obj
 
 
+def _resource(url: str) -> str:
+    """The resource a request's path names, with its subresource (pods, ddpjobs/status, nodes): the metric's label."""
+    parts = url.split("?", 1)[0].strip("/").split("/")
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) > 2 and rest[0] == "namespaces":
+        rest = rest[2:]
+    return "/".join(rest[0:3:2]) if rest else ""
+
+
+def _retry_after(err: kopf_errors.APITooManyRequestsError) -> float:
+    """The server's Retry-After (header, else the status details), at least 1 s; 2 s when it gave none."""
+    headers: Mapping[str, Any] = err.headers or {}
+    details: Mapping[str, Any] = err.details or {}
+    value = headers.get("Retry-After") or details.get("retryAfterSeconds")
+    try:
+        return max(1.0, float(value)) if value is not None else 2.0
+    except (TypeError, ValueError):
+        return 2.0
+
+
 class NamespaceTerminating(Exception):
     """The namespace is being deleted: nothing can be created there any more, and the job goes with it."""
 
@@ -172,26 +195,42 @@ class Kube:
         self.settings = settings
         self.logger = logger
         self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._bucket = ratelimit.bucket()
 
-    async def _call(self, method: str, url: str, payload: object | None = None, content_type: str | None = None) -> Obj:
+    async def _call(self, method: str, url: str, payload: object | None = None, content_type: str | None = None,
+                    *, retries: bool = True) -> Obj:
+        """One request, after the rate limit (ratelimit.py). ``retries``: kopf's retries of 5xx, 429, 403 and
+        broken connections inside the call; a create goes without them, so a refusal (quota, PodSecurity) is one
+        request and reaches the planner at once, and anything else fails the pass, which the queue retries."""
         headers = {"Content-Type": content_type} if content_type else None
+        code = 0
         try:
             async with self._in_flight:
+                await self._bucket.acquire()
                 response = await kopf_api.request(
                     method,
                     url,
                     payload=payload,
                     headers=headers,
-                    backoffs=_BACKOFFS,
+                    backoffs=_BACKOFFS if retries else (),
                     settings=self.settings,
                     logger=self.logger,
                 )
+                code = response.status
                 async with response:
                     text = await response.text()
-        except (kopf_errors.APIServerError, kopf_errors.APITooManyRequestsError) as err:
-            raise kopf.TemporaryError(f"{method.upper()} {url}: {err}", delay=2) from err
+        except kopf_errors.APIError as err:
+            code = err.status or 0
+            if isinstance(err, kopf_errors.APITooManyRequestsError):
+                raise kopf.TemporaryError(f"{method.upper()} {url}: {err}", delay=_retry_after(err)) from err
+            if isinstance(err, kopf_errors.APIServerError):
+                raise kopf.TemporaryError(f"{method.upper()} {url}: {err}", delay=2) from err
+            raise
         except (aiohttp.ClientError, TimeoutError) as err:
             raise kopf.TemporaryError(f"{method.upper()} {url}: {err!r}", delay=2) from err
+        finally:
+            # One count per call: kopf's retries inside a call (never for a create) are not seen here.
+            metrics.API_REQUESTS.labels(method.upper(), _resource(url), str(code)).inc()
         return cast(Obj, json.loads(text)) if text else {}
 
     async def create(self, obj: Obj) -> Created:
@@ -199,7 +238,7 @@ class Kube:
         meta = obj["metadata"]
         url = collection_url(obj["apiVersion"], obj["kind"], meta["namespace"])
         try:
-            return Created(obj=await self._call("post", f"{url}?fieldManager={FIELD_MANAGER}", obj))
+            return Created(obj=await self._call("post", f"{url}?fieldManager={FIELD_MANAGER}", obj, retries=False))
         except kopf_errors.APIConflictError:
             return Created(existing=await self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]))
         except kopf_errors.APIForbiddenError as err:

@@ -20,6 +20,8 @@ RECONCILE_DURATION = Histogram(
 )
 JOBS = Gauge("ddpjob_jobs", "DDPJobs known to this operator, by state", ["state"])
 PODS_CREATED = Counter("ddpjob_pods_created", "Pods the operator created", ["type"])
+API_REQUESTS = Counter("ddpjob_api_requests", "API requests the operator made, each retry counted, by verb, "
+                       "resource and HTTP status (0: no answer)", ["verb", "resource", "code"])
 PODS_REPLACED = Counter("ddpjob_pods_replaced", "Worker pods replaced after a failure", ["exit_class"])
 TIME_TO_ALL_RUNNING = Histogram(
     "ddpjob_time_to_all_running_seconds",

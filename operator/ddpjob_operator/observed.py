@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ddpjob_worker.redact import redact
+
 from ddpjob_operator import names
 from ddpjob_operator.kueue import WORKLOAD, WorkloadView
 from ddpjob_operator.spec import WORKER_CONTAINER
@@ -153,7 +155,9 @@ class PodView:
             deletion_grace_seconds=int(meta.get("deletionGracePeriodSeconds") or 0),
             finished_at=parse_time(term.get("finishedAt")) if term else None,
             exit_code=int(term["exitCode"]) if term and term.get("exitCode") is not None else None,
-            termination_message=truncate(str((term or {}).get("message") or status.get("message") or "")),
+            # Redacted here, where pod text enters the operator: it is copied into conditions, incidents and Events,
+            # which more people may read than the pod (a worker of an older runtime did not redact its own).
+            termination_message=truncate(redact(str((term or {}).get("message") or status.get("message") or ""))),
             reason=str(status.get("reason") or (term or {}).get("reason") or ""),
             owner_uid=controller_uid(meta),
             incident_generation=count(labels.get(names.LABEL_INCIDENT_GENERATION)),
@@ -178,7 +182,7 @@ def _waiting(status: Mapping[str, Any], state: Mapping[str, Any]) -> str:
         # The reason stays whole: the policies read it (Unschedulable, ImagePullBackOff); a long message (a failed
         # pull's is several hundred characters) is cut at its start, keeping the end that says why.
         reason = str(what.get("reason") or default)
-        message = str(what.get("message") or "").strip()
+        message = redact(str(what.get("message") or "").strip())  # a pull error may name a registry's credentials
         return f"{reason}: {truncate(message, 300 - len(reason) - 2)}" if message else reason
 
     for cond in status.get("conditions") or []:

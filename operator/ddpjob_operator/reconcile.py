@@ -344,13 +344,16 @@ def _held(result: Plan, ps: _Pass, reason: str, clear_admission: str | None) -> 
 
 def _fail(result: Plan, ps: _Pass, reason: str, message: str) -> Plan:
     ps.completion_time = format_time(ps.now)
-    ps.recent = incidents.mark_failed(ps.recent)
     return _finish(result, ps, st.Outcome(state=st.FAILED, reason=reason, message=truncate(message)))
 
 
 def _finish(result: Plan, ps: _Pass, outcome: st.Outcome) -> Plan:
-    """A finished job: apply cleanPodPolicy and the TTL; never create anything again."""
+    """A finished job: close its open incident, apply cleanPodPolicy and the TTL; never create anything again."""
     policy = ps.job.spec.run_policy
+    if outcome.state == st.SUCCEEDED:
+        ps.recent = incidents.mark_succeeded(ps.recent, parse_time(ps.completion_time) or ps.now)
+    else:
+        ps.recent = incidents.mark_failed(ps.recent)
     for pod in ps.obs.pods:
         if pod.deleting or pod.gone or pod.owner_uid != ps.job.uid:
             continue

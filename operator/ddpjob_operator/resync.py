@@ -44,41 +44,43 @@ class JobSink(Protocol):
     def resynced(self) -> None: ...
 
 
-async def _list_children(kube: Kube, kind: str, scopes: list[str | None]) -> tuple[list[Listed], int]:
-    """Every child of ``kind`` as a view, and the LIST's resourceVersion; raw items are dropped page by page."""
+async def _list_children(kube: Kube, kind: str, ns: str | None) -> tuple[list[Listed], int]:
+    """Every child of ``kind`` in ``ns`` (all namespaces: None) as a view, and the LIST's resourceVersion; raw
+    items are dropped page by page."""
     views: list[Listed] = []
     rv = 0
-    for ns in scopes:
-        async for page, page_rv in kube.pages(API_VERSIONS[kind], kind, ns, LABEL_JOB_NAME):
-            views += [v for v in (listed(kind, obj) for obj in page) if v is not None]
-            rv = max(rv, page_rv)
+    async for page, page_rv in kube.pages(API_VERSIONS[kind], kind, ns, LABEL_JOB_NAME):
+        views += [v for v in (listed(kind, obj) for obj in page) if v is not None]
+        rv = rv or page_rv  # the same for every page of one list
     return views, rv
 
 
 async def resync_once(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: list[str]) -> int:
-    """One full resync; returns the number of jobs whose children changed."""
+    """One full resync; returns the number of jobs whose children changed. With watched namespaces, each one's
+    LIST corrects only that namespace, by that LIST's own resourceVersion: one cut-off for all (the largest) took
+    an object created in one namespace after its LIST, but before another namespace's, for deleted."""
     scopes: list[str | None] = list(namespaces) if namespaces else [None]
-    scope = namespaces or None
     changed: set[Key] = set()
     for kind in API_VERSIONS:
-        try:
-            views, rv = await _list_children(kube, kind, scopes)
-        except (kopf_errors.APINotFoundError, kopf_errors.APIForbiddenError) as err:
-            if kind not in OPTIONAL_KINDS:
-                raise
-            _skip_once(kind, err)
-            continue
-        changed |= cache.resync(kind, views, rv, scope)
-    jobs: set[Key] = set()
-    jobs_rv = 0
+        for ns in scopes:
+            try:
+                views, rv = await _list_children(kube, kind, ns)
+            except (kopf_errors.APINotFoundError, kopf_errors.APIForbiddenError) as err:
+                if kind not in OPTIONAL_KINDS:
+                    raise
+                _skip_once(kind, err)
+                break
+            changed |= cache.resync(kind, views, rv, None if ns is None else [ns])
     for ns in scopes:
+        jobs: set[Key] = set()
+        jobs_rv = 0
         async for page, page_rv in kube.pages(API_VERSION, KIND, ns, ""):
             for body in page:  # learn missed jobs and pass every job, one page of bodies at a time
                 meta = body.get("metadata") or {}
                 jobs.add((str(meta.get("namespace") or ""), str(meta.get("name") or "")))
                 sink.job_seen("RESYNC", body)
-            jobs_rv = max(jobs_rv, page_rv)
-    sink.forget_unlisted(jobs, jobs_rv, scope)
+            jobs_rv = jobs_rv or page_rv
+        sink.forget_unlisted(jobs, jobs_rv, None if ns is None else [ns])
     sink.resynced()
     sink.enqueue(changed)
     return len(changed)

@@ -309,6 +309,9 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
         f"--service-account-key-file={pki / 'sa.pub'}", f"--service-account-signing-key-file={pki / 'sa.key'}",
         f"--service-cluster-ip-range={SERVICE_CIDR}", "--authorization-mode=Node,RBAC",
+        # On top of the defaults, what stricter clusters run (OpenShift's default): a blockOwnerDeletion
+        # reference needs update on the owner's finalizers, so a chart without that right fails here too.
+        "--enable-admission-plugins=OwnerReferencesPermissionEnforcement",
         "--allow-privileged=true", "--profiling=false", "--endpoint-reconciler-type=none",
         # logs/exec on the real node: the kubelet authenticates the apiserver by a cert from the cluster CA.
         # InternalIP first: the node's name is not in any DNS the apiserver uses.

@@ -127,3 +127,42 @@ def test_checkpoint_collectives_under_nccl(tmp_path: Path) -> None:
         assert out["staged_model"] and out["staging_pinned"], "an asynchronous save did not stage into pinned memory"
         assert out["preempted"] is False
         assert out["failed_save"] is not None and "No space left on device" in out["failed_save"], out["failed_save"]
+
+
+def _rank_without_set_device(rank: int, world: int, root: Path) -> None:
+    """The PyTorch DDP tutorial's way: the model on cuda:RANK, torch.cuda.set_device never called, so the current
+    device is cuda:0 on every rank (issue 23 #13)."""
+    os.environ[contract.DDPJOB_WORKER_INDEX] = str(rank)  # one volume per rank: every rank writes
+    dist.init_process_group("nccl", init_method=f"file://{root}/store", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=60))  # a hang fails the test instead
+    model, opt, scaler = _trainer(rank, seed=1)
+    ckpt = Checkpointer(CheckpointConfig(directory=str(root / f"ckpt-{rank}"), handle_sigterm=False),
+                        model=model, optimizer=opt, grad_scaler=scaler)
+    out: dict[str, Any] = {"objects": dist.get_backend(ckpt._objects) if ckpt._objects is not None else None}
+    ckpt.resume()
+    _train(model, opt, scaler, 2)
+    ckpt.save(TrainState(global_step=2), blocking=True)
+    out["saved"] = _fingerprint(model, opt)
+    out["rng_saved"] = torch.cuda.get_rng_state(rank).tolist()
+    ckpt.close()
+    _train(model, opt, scaler, 1)
+    model2, opt2, scaler2 = _trainer(rank, seed=2)
+    ckpt2 = Checkpointer(CheckpointConfig(directory=str(root / f"ckpt-{rank}"), handle_sigterm=False),
+                         model=model2, optimizer=opt2, grad_scaler=scaler2)
+    out["resumed_step"] = ckpt2.resume().global_step
+    out["resumed"] = _fingerprint(model2, opt2)
+    out["rng_resumed"] = torch.cuda.get_rng_state(rank).tolist()
+    ckpt2.close()
+    (root / f"result-{rank}.json").write_text(json.dumps(out))
+    dist.destroy_process_group()
+
+
+@pytest.mark.timeout(300)
+def test_a_script_that_never_sets_its_cuda_device(tmp_path: Path) -> None:
+    world = min(2, torch.cuda.device_count())
+    spawn(_rank_without_set_device, args=(world, tmp_path), nprocs=world, join=True)  # type: ignore[no-untyped-call]
+    for rank in range(world):
+        out = json.loads((tmp_path / f"result-{rank}.json").read_text())
+        assert out["objects"] == "gloo", "the object collectives must not run on NCCL"
+        assert out["resumed_step"] == 2 and out["resumed"] == out["saved"]
+        assert out["rng_resumed"] == out["rng_saved"], f"cuda:{rank}'s RNG state was not restored"

@@ -11,10 +11,13 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from ddpjob_operator.builders import build_worker_identity
+from ddpjob_operator.builders import build_service, build_worker_identity
+from ddpjob_operator.names import WORKER_SERVICE_ACCOUNT as WORKER_SA
+from ddpjob_operator.spec import parse_ddpjob
 
 from tests.conftest import Cluster, wait_for
 
@@ -196,6 +199,71 @@ def test_operator_can_create_the_workers_identity(cluster: Cluster, release: str
     role["rules"] = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
     proc = cluster.kubectl("create", f"--as={sa}", "-f", "-", stdin=json.dumps(role), check=False)
     assert proc.returncode != 0 and "forbidden" in proc.stderr.lower(), proc.stderr
+
+
+def test_children_pass_owner_reference_enforcement(cluster: Cluster, release: str) -> None:
+    """Issue 23 #9: the control plane runs OwnerReferencesPermissionEnforcement (OpenShift's default). Every child
+    refers to its DDPJob with blockOwnerDeletion, which that plugin allows only to whoever may update the job's
+    finalizers: without that right in the chart, every child the operator creates is refused."""
+    sa = f"system:serviceaccount:{release}:{RELEASE}"
+    manifest = {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob",
+                "metadata": {"name": "owner", "namespace": release},
+                "spec": {"workers": 1, "template": {"spec": {"containers": [
+                    {"name": "trainer", "image": "busybox", "command": ["python", "train.py"]}]}}}}
+    created = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-", stdin=json.dumps(manifest)).stdout)
+    service = build_service(parse_ddpjob(created))
+    assert service["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
+    proc = cluster.kubectl("create", f"--as={sa}", "-f", "-", stdin=json.dumps(service), check=False)
+    assert proc.returncode == 0, proc.stderr
+
+
+def _as_worker_of(cluster: Cluster, namespace: str, pod: str, tmp: Path) -> Cluster:
+    """kubectl as the namespace's ddpjob-worker account, with a token the API server binds to ``pod`` (what the
+    kubelet mounts into that pod): a kubeconfig of the cluster's address and CA, and that token only."""
+    token = cluster.kubectl("create", "token", WORKER_SA, "-n", namespace, "--bound-object-kind", "Pod",
+                            "--bound-object-name", pod).stdout.strip()
+    raw = json.loads(cluster.kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
+    server = raw["clusters"][0]["cluster"]
+    path = tmp / f"kubeconfig-{pod}"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "worker",
+        "clusters": [{"name": "c", "cluster": server}], "users": [{"name": "worker", "user": {"token": token}}],
+        "contexts": [{"name": "worker", "context": {"cluster": "c", "user": "worker", "namespace": namespace}}]}))
+    return Cluster(path)
+
+
+def test_a_worker_may_patch_only_its_own_jobs_progress(cluster: Cluster, release: str, tmp_path: Path) -> None:
+    """Issue 23 #5: the namespace's workers share one account allowed to patch every job's status; the chart's
+    ValidatingAdmissionPolicy holds each to its own job (the pod its token names) and to status.progress."""
+    for obj in build_worker_identity(release):
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+    for job in ("a", "ab"):
+        cluster.kubectl("create", "-n", release, "-f", "-", stdin=json.dumps({
+            "apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": job},
+            "spec": {"workers": 1, "template": {"spec": {"containers": [
+                {"name": "trainer", "image": "busybox", "command": ["python", "train.py"]}]}}}}))
+    cluster.kubectl("create", "-n", release, "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a-worker-0"},
+        "spec": {"serviceAccountName": WORKER_SA, "containers": [{"name": "trainer", "image": "busybox"}]}}))
+    worker = _as_worker_of(cluster, release, "a-worker-0", tmp_path)
+
+    def patch(job: str, status: dict[str, object]) -> subprocess.CompletedProcess[str]:
+        return worker.kubectl("patch", "ddpjob", job, "--subresource=status", "--type=merge",
+                              "-p", json.dumps({"status": status}), check=False)
+
+    mine = patch("a", {"progress": {"globalStep": 7, "source": "Reporter"}})
+    assert mine.returncode == 0, mine.stderr
+    status: Any = get_json(cluster, "ddpjob", "a", "-n", release)["status"]
+    assert status["progress"]["globalStep"] == 7
+    other = patch("ab", {"progress": {"globalStep": 1}})  # "ab": a name that only starts like the pod's job
+    assert other.returncode != 0 and "not one of ab's workers" in other.stderr, other.stderr
+    verdict = patch("a", {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Forged",
+                                          "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]})
+    assert verdict.returncode != 0 and "status.progress only" in verdict.stderr, verdict.stderr
+    count = patch("a", {"progress": {"globalStep": 8}, "incidentCount": 99})
+    assert count.returncode != 0 and "status.progress only" in count.stderr, count.stderr
+    status = get_json(cluster, "ddpjob", "a", "-n", release)["status"]
+    assert "incidentCount" not in status and status["progress"]["globalStep"] == 7
 
 
 def test_rbac_namespaced_mode_reaches_only_watched_namespaces(

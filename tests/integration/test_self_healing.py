@@ -184,3 +184,50 @@ def test_a_pod_lost_while_the_operator_is_down_is_counted_once_and_nothing_is_re
     assert status["incidents"][0]["pods"] == ["down-worker-1"], "only the pod that really went missing"
     reasons = [e["reason"] for e in jobs.events("down")]
     assert "ChildRecreated" not in reasons, f"a restarted operator saw children missing that exist: {reasons}"
+
+
+def _sum(text: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus text exposition's samples of ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def test_a_quota_refusal_is_one_request_per_create_and_a_condition(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    """Issue 23 #7: kopf's client retried a refused create three more times inside the call (403 counts as
+    retryable there), so each pod refused by a quota cost four POSTs before the operator even saw the refusal."""
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "no-pods"},
+             "spec": {"hard": {"pods": "0"}}}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(quota))
+    wait_for(lambda: json.loads(cluster.kubectl("get", "resourcequota", "no-pods", "-n", namespace, "-o", "json")
+                                .stdout).get("status", {}).get("hard"), timeout=30, describe="the quota in force")
+
+    def refused_posts() -> tuple[float, float]:
+        """(403 POSTs of pods the API server answered, pod creates refused that the operator counted)."""
+        server = _sum(cluster.kubectl("get", "--raw", "/metrics").stdout, "apiserver_request_total",
+                      verb="POST", resource="pods", code="403")
+        return server, _sum(operator.metrics(), "ddpjob_api_requests_total", verb="POST", resource="pods", code="403")
+
+    before = refused_posts()
+    jobs.apply(small_job("quota", 1))
+    refused = jobs.wait_condition("quota", "CreateRefused", timeout=20)
+    assert refused["reason"] == "QuotaExceeded" and "exceeded quota" in refused["message"], refused
+    assert jobs.pods("quota") == [] and jobs.pods("quota", kind="rendezvous") == []
+
+    def settled() -> tuple[float, float] | None:  # between two of the operator's passes (they back off)
+        first = refused_posts()
+        time.sleep(0.5)
+        return first if refused_posts() == first else None
+
+    after = wait_for(settled, timeout=30, describe="no create in flight")
+    server, counted = (a - b for a, b in zip(after, before, strict=True))
+    print(f"refused pod creates: {counted:.0f} by the operator, {server:.0f} POSTs seen by the API server")
+    assert counted >= 2, "the rendezvous pod and the worker were both tried"
+    assert server == counted, "every create the operator made was exactly one request"

@@ -98,7 +98,7 @@ def test_deployment_runs_one_operator_with_probe_and_resources(render: Render) -
     assert c["image"] == "ddpjob-operator:0.1.0"
     assert c["command"] == ["ddpjob"]
     assert c["args"] == ["operator", "--metrics-port=8080", "--liveness-port=8081", "--resync-seconds=60",
-                         "--runtime-image=ddpjob-runtime:0.1.0"]
+                         "--api-qps=300", "--api-burst=600", "--runtime-image=ddpjob-runtime:0.1.0"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"metrics": 8080, "healthz": 8081}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
@@ -179,7 +179,7 @@ def test_optional_pieces(render: Render) -> None:
 
 @pytest.mark.parametrize("bad", [
     "unknownTopLevel=1",
-    "image.registry=quay.io",
+    "image.registry=registry.example",
     "rbac.everything=true",
     "watchNamespaces={Not_A_Namespace}",
     "image.pullPolicy=Sometimes",

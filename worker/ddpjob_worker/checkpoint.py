@@ -21,7 +21,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import random
 import signal
 import sys
 import threading
@@ -31,12 +30,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from ddpjob_worker import contract, fencing, replicas
 from ddpjob_worker.logs import get_logger
+from ddpjob_worker.rngstate import capture_rng as capture_rng  # re-exported: part of this API
+from ddpjob_worker.rngstate import restore_rng
 from ddpjob_worker.staging import BackgroundWriter, SaveFailures
 from ddpjob_worker.staging import CheckpointSaveFailed as CheckpointSaveFailed  # raised by save, wait and close
 from ddpjob_worker.storage import CorruptCheckpoint, LocalStorage, Storage
@@ -103,31 +103,6 @@ class TrainState:
         self.step_in_epoch = 0
 
 
-def capture_rng() -> dict[str, Any]:
-    """This process's RNG states (python, numpy legacy global, torch CPU, current CUDA device)."""
-    np_state = np.random.get_state(legacy=True)
-    assert isinstance(np_state, tuple)
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": (str(np_state[0]), torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
-                  int(np_state[2]), int(np_state[3]), float(np_state[4])),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Inverse of capture_rng."""
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"].cpu())
-
-
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside DDP, so checkpoints load into a plain model too."""
     inner = getattr(model, "module", None)
@@ -159,8 +134,11 @@ class Checkpointer:
         param = next(iter(model.parameters()), None)
         #: Every rank maps tensors onto its own device (cuda:LOCAL_RANK or cpu), never onto rank 0's.
         self.device = param.device if param is not None else torch.device("cpu")
-        #: Which rank writes each volume's copy (collective: every rank constructs its Checkpointer together).
-        self.layout = replicas.discover(self.storage.volume_id())
+        #: The group of the object collectives below (collective: every rank constructs its Checkpointer together):
+        #: the default one under gloo, a gloo side group under NCCL (issue 23 #13).
+        self._objects = replicas.object_group()
+        #: Which rank writes each volume's copy.
+        self.layout = replicas.discover(self.storage.volume_id(), self._objects)
         #: Whether this rank writes checkpoints (the lowest rank on its volume) and verifies them at resume.
         self.is_writer = self.layout.writer(self.rank) == self.rank
         if self.rank == 0:
@@ -171,7 +149,7 @@ class Checkpointer:
         self._background: BackgroundWriter | None = None
         #: On every rank: an asynchronous save was started and its outcome not yet agreed on (see ``wait``).
         self._async_pending = False
-        self._failures = SaveFailures(self.rank, self.device)
+        self._failures = SaveFailures(self.rank, self.device, self._objects)
         self._sigterm_at: float | None = None
         self._preempt_flag: torch.Tensor | None = None  # preempted()'s all-reduce buffer
         self._previous_handler: Any = None
@@ -250,11 +228,12 @@ class Checkpointer:
         ``save``/``wait``/``close`` for an asynchronous one."""
         self.wait()
         if self.incarnation is None:  # no resume(): this run starts a history of its own, from scratch
-            self.incarnation = fencing.begin(self._own_volume(), fencing.gather(self._own_volume()), None)
-        rng = capture_rng()
+            view = fencing.gather(self._own_volume(), self._objects)
+            self.incarnation = fencing.begin(self._own_volume(), view, None)
+        rng = capture_rng(self.device)
         rngs: list[Any] = [None] * self.world_size
         if self._distributed:
-            dist.all_gather_object(rngs, rng)
+            dist.all_gather_object(rngs, rng, group=self._objects)
         else:
             rngs = [rng]
         is_async = self.config.async_save if blocking is None else not blocking
@@ -337,14 +316,15 @@ class Checkpointer:
     def resume(self) -> TrainState:
         """Restore the newest valid checkpoint any volume holds into the model and friends (a fresh TrainState
         if none); ranks whose volume lacks it receive it from a peer, and their writer stores a copy."""
-        view = fencing.gather(self._own_volume())  # a record on any volume fences checkpoints on all of them
+        # A record on any volume fences checkpoints on all of them.
+        view = fencing.gather(self._own_volume(), self._objects)
         local = self.load_latest_valid(view.fences) if self.is_writer else None
         if self.is_writer:
             # No save of this process group can be running now (torchrun stops a group before starting the next),
             # so temporary folders are the remains of a crashed save.
             self._purge(protect=local[0] if local is not None else None)
         # Everyone loads the same step (no rank can race ahead): the newest that any volume still holds.
-        plan = replicas.agree(local[0] if local is not None else None, self.layout)
+        plan = replicas.agree(local[0] if local is not None else None, self.layout, self._objects)
         # Recorded before anyone trains: from here on, what an earlier incarnation commits past plan.step is stale.
         self.incarnation = fencing.begin(self._own_volume(), view, plan.step)
         if plan.step is None:
@@ -395,7 +375,7 @@ class Checkpointer:
         if len(rngs) != self.world_size:
             log.warning("checkpoint step-%d was written by %d ranks, now %d: rank %d takes RNG state %d", step,
                         len(rngs), self.world_size, self.rank, self.rank % len(rngs))
-        restore_rng(rngs[self.rank % len(rngs)])
+        restore_rng(rngs[self.rank % len(rngs)], self.device)
 
     def close(self) -> None:
         """Wait for a pending save (collective: raises if it failed), free the staging buffers and give SIGTERM

@@ -117,13 +117,14 @@ def merge(views: Sequence[FenceView | None]) -> FenceView:
     return FenceView(frozenset().union(*(v.fences for v in present)), max((v.newest for v in present), default=0))
 
 
-def gather(storage: Storage | None) -> FenceView:
-    """Collective: the merged view of every writer's volume; pass ``storage`` on writers only."""
+def gather(storage: Storage | None, group: Any = None) -> FenceView:
+    """Collective: the merged view of every writer's volume; pass ``storage`` on writers only (``group``:
+    replicas.object_group's)."""
     mine = read_view(storage) if storage is not None else None
     if not (dist.is_available() and dist.is_initialized()):
         return merge([mine])
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
+    dist.all_gather_object(gathered, mine, group=group)
     return merge(gathered)
 
 

@@ -21,6 +21,7 @@ from urllib.parse import quote
 
 from ddpjob_worker import contract
 from ddpjob_worker.logs import get_logger
+from ddpjob_worker.sender import Sender
 
 log = get_logger("progress")
 
@@ -137,7 +138,8 @@ def _status_message(data: bytes) -> str:
 
 class ProgressReporter:
     """Throttled, fail-soft reporting. Only rank 0 reports; on other ranks every call is a no-op. Any trouble
-    (no cluster, no RBAC, API server down) is logged once and training goes on: progress is a convenience."""
+    (no cluster, no RBAC, API server down) is logged once and training goes on: progress is a convenience. The
+    patches go out from a thread of their own (sender.py), so a slow API server never holds a training step."""
 
     #: A script's own reporter owns status.progress from its creation on (the runtime's counter then stays quiet).
     owns_progress = True
@@ -154,6 +156,7 @@ class ProgressReporter:
         self.file = Path(env[contract.DDPJOB_PROGRESS_FILE]) if env.get(contract.DDPJOB_PROGRESS_FILE) else None
         self.restart_count = int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
         self._api = api
+        self._sender = Sender(self._send_now, name="ddpjob-progress-sender")
         self._cluster = self.enabled and env.get(contract.DDPJOB_REPORT_PROGRESS) == "1" and bool(self.name)
         self._last_sent = float("-inf")  # the first report goes out at once
         self._warned = False
@@ -240,6 +243,14 @@ class ProgressReporter:
             self._warn_once(f"progress reporting is off ({contract.DDPJOB_REPORT_PROGRESS} != 1 or not in a DDPJob)")
 
     def _patch(self, progress: Mapping[str, Any]) -> None:
+        """Hand the patch to the sender's thread and return: training never waits for the API server."""
+        self._sender.submit(progress)
+
+    def drain(self, timeout: float = REQUEST_TIMEOUT_SECONDS) -> bool:
+        """Wait until every report handed over so far was sent (or failed); True if that took under ``timeout``."""
+        return self._sender.drain(timeout)
+
+    def _send_now(self, progress: Mapping[str, Any]) -> None:
         try:
             self._client().patch_namespaced_custom_object_status(
                 GROUP, VERSION, self.namespace, PLURAL, self.name, {"status": {"progress": progress}},

@@ -88,22 +88,38 @@ def this_pod() -> str:
     return f"{os.environ.get(contract.DDPJOB_WORKER_INDEX, '?')}@{socket.gethostname()}"
 
 
-def discover(volume_id: str) -> VolumeLayout:
-    """Collective: every rank's volume id and pod."""
+def needs_object_group(backend: str) -> bool:
+    """Whether the default group cannot carry the checkpoint library's object collectives itself: any backend but
+    plain gloo. NCCL's object collectives put their pickles on the current CUDA device, which is cuda:0 on every
+    rank unless the script called torch.cuda.set_device (a hang, or every rank's bytes on one GPU)."""
+    return str(backend).lower() != "gloo"
+
+
+def object_group() -> Any:
+    """Collective (every rank together, once per Checkpointer): the group for the object collectives of
+    checkpoint, fencing, replicas and staging. None (the default group) when that is gloo; else a gloo group of
+    every rank, so a GPU job never depends on the script's CUDA device for them."""
+    if not (dist.is_available() and dist.is_initialized()) or not needs_object_group(dist.get_backend()):
+        return None
+    return dist.new_group(backend="gloo")
+
+
+def discover(volume_id: str, group: Any = None) -> VolumeLayout:
+    """Collective: every rank's volume id and pod (``group``: object_group's)."""
     mine = (volume_id, this_pod())
     if not (dist.is_available() and dist.is_initialized()):
         return VolumeLayout(volumes=(mine[0],), pods=(mine[1],))
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, mine)
+    dist.all_gather_object(gathered, mine, group=group)
     return VolumeLayout(volumes=tuple(str(v) for v, _ in gathered), pods=tuple(str(p) for _, p in gathered))
 
 
-def agree(newest: int | None, layout: VolumeLayout) -> ResumePlan:
+def agree(newest: int | None, layout: VolumeLayout, group: Any = None) -> ResumePlan:
     """Collective: the resume plan from every rank's newest valid step (None on non-writers)."""
     if not (dist.is_available() and dist.is_initialized()):
         return plan_resume([newest], layout)
     gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, newest)
+    dist.all_gather_object(gathered, newest, group=group)
     return plan_resume(gathered, layout)
 
 

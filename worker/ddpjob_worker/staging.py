@@ -162,9 +162,11 @@ class CheckpointSaveFailed(RuntimeError):
 class SaveFailures:
     """This rank's failed save, kept until every rank has learnt of it."""
 
-    def __init__(self, rank: int, device: torch.device) -> None:
+    def __init__(self, rank: int, device: torch.device, group: Any = None) -> None:
         self._rank = rank
-        self._device = device
+        # On replicas.object_group's gloo group (a GPU job's side group) the flag lives in host memory.
+        self._device = device if group is None else torch.device("cpu")
+        self._group = group
         self._failed: tuple[int, BaseException] | None = None
 
     def record(self, step: int, err: BaseException) -> None:
@@ -183,10 +185,10 @@ class SaveFailures:
         failures = [mine] if mine is not None else []
         if dist.is_available() and dist.is_initialized():
             flag = torch.tensor([0.0 if mine is None else 1.0], device=self._device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
             if flag.item() > 0:
                 gathered: list[Any] = [None] * dist.get_world_size()
-                dist.all_gather_object(gathered, mine)
+                dist.all_gather_object(gathered, mine, group=self._group)
                 failures = [f for f in gathered if f is not None]
         if failures:
             raise CheckpointSaveFailed(failures) from (failed[1] if failed is not None else None)

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from ddpjob_worker import contract
 from ddpjob_worker.logs import get_logger
+from ddpjob_worker.redact import redact
 
 log = get_logger("termlog")
 #: The kubelet reads at most 4096 bytes of a termination message.
@@ -28,7 +29,8 @@ def write_termination_log(line: str, environ: Mapping[str, str] | None = None) -
     path = termination_log_path(environ)
     if path is None:
         return
-    data = (" ".join(line.split()) + "\n").encode("utf-8", errors="replace")[:_MAX_BYTES]
+    # Redacted: the operator copies this line into the DDPJob's status and Events (redact.py).
+    data = (" ".join(redact(line).split()) + "\n").encode("utf-8", errors="replace")[:_MAX_BYTES]
     try:
         with open(path, "wb") as f:
             f.write(data)

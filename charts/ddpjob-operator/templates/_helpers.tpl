@@ -97,6 +97,12 @@ The rules the operator needs in a namespace where it manages DDPJobs. One list, 
 - apiGroups: ["ddpjob.io"]
   resources: ["ddpjobs/status"]
   verbs: ["patch"]
+# Never called, but checked: every child's ownerReference sets blockOwnerDeletion, which clusters with the
+# OwnerReferencesPermissionEnforcement admission plugin (OpenShift's default) allow only to whoever may update the
+# owner's finalizers. Without it they refuse every child.
+- apiGroups: ["ddpjob.io"]
+  resources: ["ddpjobs/finalizers"]
+  verbs: ["update"]
 # Worker and rendezvous pods: watched and re-listed, created, read back when a name is taken, deleted.
 - apiGroups: [""]
   resources: ["pods"]

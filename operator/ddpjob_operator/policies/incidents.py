@@ -132,6 +132,19 @@ def mark_failed(incidents: Sequence[Mapping[str, Any]]) -> list[Obj]:
     return out
 
 
+def mark_succeeded(incidents: Sequence[Mapping[str, Any]], at: datetime) -> list[Obj]:
+    """The job succeeded: every worker finished training, so an incident still recovering (a lost store the group
+    trained through, a loss in the last seconds) has recovered. Closed at the job's end, without a recovery clock
+    (what it would measure is the rest of the run, not the recovery), and the message says so."""
+    out = [dict(i) for i in incidents]
+    for incident in out:
+        if incident.get("outcome") == RECOVERING:
+            incident["outcome"] = RECOVERED
+            incident["recoveredTime"] = format_time(at)
+            incident["message"] = truncate(f"{incident.get('message') or ''} (closed when the job succeeded)".strip())
+    return out
+
+
 def mark_recovered(incidents: Sequence[Mapping[str, Any]], at: datetime,
                    phases: Mapping[str, float] | None = None) -> tuple[list[Obj], Obj | None]:
     """Close the recovering incident (all workers run and training reported progress since it began), with the

@@ -69,12 +69,17 @@ def test_rendezvous_pod_meets_the_restricted_pod_security_standard() -> None:
     assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
 
 
-def test_network_policy_admits_only_the_jobs_pods_to_the_rendezvous_port() -> None:
+def test_network_policy_admits_only_the_jobs_pods_to_any_of_its_pods() -> None:
+    """Issue 23 #6: the workers too (rank 0's process-group store, gloo and NCCL), not only the store's port."""
     np = builders.build_network_policy(parse_ddpjob(make_job().obj()))
-    assert np["spec"]["podSelector"]["matchLabels"] == {"ddpjob.io/job-name": "job",
-                                                        "ddpjob.io/replica-type": "rendezvous"}
-    assert np["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"ddpjob.io/job-name": "job"}}}],
-                                      "ports": [{"protocol": "TCP", "port": 29400}]}]
+    own = {"podSelector": {"matchLabels": {"ddpjob.io/job-name": "job"}}}
+    assert np["spec"]["podSelector"] == own["podSelector"]
+    assert np["spec"]["policyTypes"] == ["Ingress"] and np["spec"]["ingress"] == [{"from": [own]}]
+    worker, rdzv = builders.build_worker_pod(parse_ddpjob(make_job().obj()), 0), builders.build_rendezvous_pod(
+        parse_ddpjob(make_job().obj()))
+    for pod in (worker, rdzv):  # the policy selects both kinds of pod
+        labels = pod["metadata"]["labels"]
+        assert all(labels.get(k) == v for k, v in own["podSelector"]["matchLabels"].items())
 
 
 def test_elastic_nnodes_and_sidecar_untouched() -> None:

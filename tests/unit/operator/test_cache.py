@@ -50,3 +50,23 @@ def test_resync_replaces_children_of_the_listed_kind_only() -> None:
     kids = cache.children(("ns", "job"))
     assert kids[("Service", "job")].uid == "s2", "recreated while no watch told us"
     assert ("Role", "job-worker") in kids, "a LIST of Services says nothing about Roles"
+
+
+def test_late_deleted_events_of_a_forgotten_job_leave_nothing_behind() -> None:
+    """Issue 23 #2: a DELETED event arriving after the job was forgotten re-created its entries, never dropped."""
+    job = make_job("gone").obj()
+    pod, service = pod_obj(job, 0), {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "gone", "namespace": "ns", "uid": "svc-1", "resourceVersion": "3",
+                     "labels": {"ddpjob.io/job-name": "gone"},
+                     "ownerReferences": [{"kind": "DDPJob", "name": "gone", "uid": "uid-gone", "controller": True}]}}
+    cache = ChildCache()
+    cache.apply("Pod", "ADDED", pod)
+    cache.apply("Service", "ADDED", service)
+    key = ("ns", "gone")
+    assert cache.children(key) and cache.pods(key)
+    cache.forget(key)
+    cache.apply("Pod", "DELETED", pod)
+    cache.apply("Service", "DELETED", service)
+    assert key not in cache._pods and key not in cache._children
+    assert [p.gone for p in cache.pods(key)] == [True]  # only the tombstone, which expires

@@ -44,6 +44,8 @@ def test_requests_in_flight_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     in_flight, peak = 0, 0
 
     class Response:
+        status = 200
+
         async def __aenter__(self) -> Response:
             return self
 

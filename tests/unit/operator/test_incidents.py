@@ -173,6 +173,17 @@ def test_recovery_closes_the_open_incident_once() -> None:
     assert incidents.mark_failed([open_incident(1, at(0), ["a"])])[-1]["outcome"] == "Failed"
 
 
+def test_a_job_that_succeeds_closes_its_open_incident() -> None:
+    """Issue 23 #12: a store the group trained through stayed Recovering on a Succeeded job."""
+    prior = [open_incident(1, at(0), ["a"], outcome="Recovered"), open_incident(2, at(5), ["j-rdzv"], "RendezvousLost")]
+    out = incidents.mark_succeeded(prior, at(60))
+    assert [i["outcome"] for i in out] == ["Recovered", "Recovered"]
+    assert out[0] == prior[0]  # a closed incident keeps its own recovery
+    assert out[1]["recoveredTime"] == "2026-01-01T12:01:00Z" and "recoverySeconds" not in out[1]
+    assert out[1]["message"] == "m (closed when the job succeeded)"
+    assert prior[1]["outcome"] == "Recovering"  # pure
+
+
 def test_a_reopened_incident_forgets_its_premature_recovery() -> None:
     prior = [{**open_incident(1, at(0), ["j-rdzv"], "RendezvousLost", outcome="Recovered"),
               "recoveredTime": "x", "recoverySeconds": 0}]

@@ -118,6 +118,17 @@ def test_permanent_exit_code_fails_with_message_and_cleans_running_pods() -> Non
     assert c.plan(at(21)).create_pods == []
 
 
+def test_a_secret_in_a_workers_last_words_is_masked_in_status_and_events() -> None:
+    c = running_cluster()
+    secret = "https://bob:hunter2@data.example/shard?X-Amz-Signature=0f1e2d3c"
+    c.set_phase("job-worker-1", "Failed", exit_code=78, message=f"HTTPError 403 for {secret}")
+    p = c.step(at(20))
+    copies = [cond(c.status, "Failed")["message"], *(i["message"] for i in c.status["incidents"]),
+              *(e.message for e in p.events)]
+    assert any("HTTPError 403 for https://bob:***@data.example/shard?X-Amz-Signature=***" in m for m in copies)
+    assert not [m for m in copies if "hunter2" in m or "0f1e2d3c" in m], copies
+
+
 @pytest.mark.parametrize(
     ("policy", "code", "fails"),
     [
@@ -210,6 +221,20 @@ def test_success_then_ttl_deletes_job() -> None:
     p = c.step(at(110))
     assert not p.delete_job and p.requeue_after == pytest.approx(20)
     assert c.step(at(131)).delete_job
+
+
+def test_a_job_that_succeeds_with_an_incident_still_recovering_closes_it() -> None:
+    c = running_cluster()
+    c.set_phase("job-rdzv", "Failed", exit_code=137)
+    c.step(at(5))
+    assert c.status["incidents"][0]["outcome"] == "Recovering"
+    for name in c.worker_names():  # the group trained through the store's loss and finished
+        c.set_phase(name, "Succeeded")
+    c.step(at(100))
+    assert cond(c.status, "Succeeded")["reason"] == "WorkersSucceeded"
+    [incident] = c.status["incidents"]
+    assert incident["outcome"] == "Recovered" and incident["recoveredTime"] == "2026-01-01T12:01:40Z"
+    assert incident["message"].endswith("(closed when the job succeeded)")
 
 
 def test_elastic_success_waits_for_stragglers_then_close_timeout() -> None:

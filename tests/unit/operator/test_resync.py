@@ -41,3 +41,34 @@ def test_resync_takes_every_page_and_forgets_jobs_the_list_lacks() -> None:
     assert changed == 1
     assert sorted(p.name for p in cache.pods(("ns", "job"))) == sorted(p["metadata"]["name"] for p in pods)
     assert set(c.jobs) == {("ns", "job")}, "learnt from its page; 'gone' was not listed"
+
+
+class NamespacedKube:
+    """Each watched namespace's LIST answered at its own resourceVersion: namespace "a" was listed (rv 70) before
+    the pod "late" was created there (rv 75); namespace "b" was listed after it (rv 100)."""
+
+    def __init__(self, listed: dict[str, list[dict[str, Any]]], rvs: dict[str, int],
+                 jobs: list[dict[str, Any]]) -> None:
+        self.listed, self.rvs, self.jobs = listed, rvs, jobs
+
+    async def pages(self, api_version: str, kind: str, namespace: str | None,
+                    label_selector: str) -> AsyncIterator[tuple[list[dict[str, Any]], int]]:
+        assert namespace is not None
+        objs = self.listed.get(namespace, []) if kind == "Pod" else [
+            j for j in self.jobs if j["metadata"]["namespace"] == namespace] if kind == KIND else []
+        yield objs, self.rvs[namespace]
+
+
+def test_a_pod_created_after_its_namespaces_list_is_not_taken_for_deleted() -> None:
+    """Issue 23 #2: the largest resourceVersion of all namespaces' LISTs was every namespace's cut-off."""
+    a, b = make_job("a", namespace="a").obj(), make_job("b", namespace="b").obj()
+    a["metadata"]["resourceVersion"], b["metadata"]["resourceVersion"] = "60", "90"
+    late = pod_obj(a, 0)
+    late["metadata"]["resourceVersion"] = "75"
+    cache, c = ChildCache(), ctl.Controller()
+    cache.apply("Pod", "ADDED", late)  # the watch saw it, after namespace a's LIST
+    kube = NamespacedKube({"a": [], "b": [pod_obj(b, 0)]}, {"a": 70, "b": 100}, [a, b])
+    asyncio.run(resync.resync_once(cast(Kube, kube), cache, c, ["a", "b"]))
+    live = [p.name for p in cache.pods(("a", "a")) if not p.gone]
+    assert live == [late["metadata"]["name"]], "a live pod was taken for deleted (a false incident, a replacement)"
+    assert set(c.jobs) == {("a", "a"), ("b", "b")}

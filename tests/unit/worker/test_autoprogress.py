@@ -65,10 +65,12 @@ def test_steps_are_reported_with_the_rate_the_time_of_the_last_step_and_the_sour
         counter()
     auto.send()
     auto.send()  # nothing new: nothing sent
+    assert auto.reporter.drain(5)
     for t in (1003.0, 1004.0, 1006.0):
         clock.t = t
         counter()
     auto.send()
+    assert auto.reporter.drain(5)
     first, second = api.bodies
     assert first["globalStep"] == 2 and first["source"] == "OptimizerSteps" and "stepRate" not in first
     assert first["lastStepTime"] == "1970-01-01T00:16:42.000Z"
@@ -91,6 +93,7 @@ def test_a_script_that_reports_itself_owns_the_progress_and_nothing_is_counted_t
     counter()
     auto.send()
     auto.close()
+    assert script.drain(5) and auto.reporter.drain(5)
     assert [(b["globalStep"], b["source"]) for b in api.bodies] == [(101, "Reporter")]
 
 
@@ -111,6 +114,7 @@ def test_the_thread_announces_the_new_group_then_reports_after_the_first_step() 
     counter()
     auto.close()  # the script returned: its final count goes out, and the thread ends
     thread.join(10)
+    assert auto.reporter.drain(5)
     assert not thread.is_alive() and api.bodies[-1]["globalStep"] == 2
 
 

@@ -133,6 +133,7 @@ def test_the_reporter_merge_patches_status_with_the_service_account_token(
         server: FakeApiServer, service_account: Path) -> None:
     reporter = ProgressReporter(environ=ENV, api=api_for(server, service_account), interval_seconds=3600)
     reporter.report(epoch=1, step=4, global_step=14, loss=1.25, checkpoint_step=10, checkpoint_time=0)
+    assert reporter.drain(5)
     [request] = server.requests
     assert (request.method, request.path) == ("PATCH", STATUS_PATH)
     assert request.headers["Authorization"] == "Bearer token-1"
@@ -148,8 +149,10 @@ def test_the_reporter_merge_patches_status_with_the_service_account_token(
 def test_a_rotated_token_is_used_from_the_next_patch_on(server: FakeApiServer, service_account: Path) -> None:
     reporter = ProgressReporter(environ=ENV, api=api_for(server, service_account), interval_seconds=3600)
     reporter.report(epoch=0, step=1, global_step=1)
+    assert reporter.drain(5)
     (service_account / "token").write_text("token-2")  # the kubelet refreshes bound tokens (hourly by default)
     reporter.report(epoch=0, step=2, global_step=2, force=True)
+    assert reporter.drain(5)
     assert [r.headers["Authorization"] for r in server.requests] == ["Bearer token-1", "Bearer token-2"]
 
 
@@ -158,7 +161,9 @@ def test_in_cluster_configuration_comes_from_the_pods_environment_and_service_ac
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(server.port))
     monkeypatch.setattr(progress, "SERVICE_ACCOUNT_DIR", service_account)
-    ProgressReporter(environ=ENV).report(epoch=0, step=1, global_step=1)
+    reporter = ProgressReporter(environ=ENV)
+    reporter.report(epoch=0, step=1, global_step=1)
+    assert reporter.drain(5)
     assert [(r.path, r.body["status"]["progress"]["globalStep"]) for r in server.requests] == [(STATUS_PATH, 1)]
 
 
@@ -168,22 +173,26 @@ def test_a_refusal_is_logged_once_with_the_servers_reason_and_training_goes_on(
     reporter = ProgressReporter(environ=ENV, api=api_for(server, service_account), interval_seconds=0)
     for i in range(3):
         reporter.report(epoch=0, step=i, global_step=i)
+        assert reporter.drain(5)
     assert len(server.requests) == 3  # still trying: RBAC may be fixed while the job runs
     assert warnings_seen.text.count("cannot patch ddpjobs/charlm status in ml") == 1
     assert '403 Forbidden: ddpjobs.ddpjob.io "charlm" is forbidden' in warnings_seen.text
 
 
-def test_a_server_that_never_answers_holds_a_report_no_longer_than_the_timeout(
+def test_a_server_that_never_answers_slows_no_training_step_and_is_timed_out(
         server: FakeApiServer, service_account: Path, monkeypatch: pytest.MonkeyPatch,
         warnings_seen: pytest.LogCaptureFixture) -> None:
     server.hang = True
     monkeypatch.setattr(progress, "REQUEST_TIMEOUT_SECONDS", 0.5)
-    reporter = ProgressReporter(environ=ENV, api=api_for(server, service_account))
+    reporter = ProgressReporter(environ=ENV, api=api_for(server, service_account), interval_seconds=0)
     t0 = time.monotonic()
-    reporter.report(epoch=0, step=1, global_step=1)
+    for step in range(1, 51):  # 50 training steps, each reporting, while the server holds every request
+        reporter.report(epoch=0, step=step, global_step=step)
     took = time.monotonic() - t0
-    assert len(server.requests) == 1  # the request arrived; the answer never did
-    assert 0.4 <= took < 3, took
+    assert took < 0.25, f"50 reports took {took:.2f}s: the training thread waited for the API server"
+    assert reporter.drain(5)  # in the sender's thread each request gives up after the timeout
+    assert 1 <= len(server.requests) <= 3, len(server.requests)  # merged: the latest, never a backlog of 50
+    assert server.requests[-1].body["status"]["progress"]["globalStep"] == 50
     assert "timed out" in warnings_seen.text
 
 
@@ -211,4 +220,5 @@ def test_outside_a_cluster_the_reporter_says_so_once(tmp_path: Path, monkeypatch
     reporter = ProgressReporter(environ=ENV, interval_seconds=0)
     reporter.report(epoch=0, step=1, global_step=1)
     reporter.report(epoch=0, step=2, global_step=2)
+    assert reporter.drain(5)
     assert warnings_seen.text.count("not in a cluster") == 1

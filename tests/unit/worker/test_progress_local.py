@@ -34,8 +34,10 @@ def test_merge_patches_status_progress_throttled() -> None:
     api = FakeApi()
     reporter = ProgressReporter(environ=ENV, api=api, interval_seconds=3600)
     reporter.report(epoch=1, step=2, global_step=12, loss=1.5)
+    assert reporter.drain(5)
     reporter.report(epoch=1, step=3, global_step=13, loss=1.4)  # throttled
     reporter.report(epoch=1, step=4, global_step=14, checkpoint_step=14, checkpoint_time=0, force=True)
+    assert reporter.drain(5)
     assert len(api.calls) == 2
     group, version, ns, plural, name, body = api.calls[-1]
     assert (group, version, ns, plural, name) == ("ddpjob.io", "v1alpha1", "ml", "ddpjobs", "charlm")
@@ -52,6 +54,7 @@ def test_fails_soft_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
         reporter = ProgressReporter(environ=ENV, api=FakeApi(fail=True), interval_seconds=0)
         for i in range(3):
             reporter.report(epoch=0, step=i, global_step=i)
+            assert reporter.drain(5)
     finally:
         logging.getLogger("ddpjob").removeHandler(caplog.handler)
     assert caplog.text.count("cannot patch ddpjobs/charlm") == 1

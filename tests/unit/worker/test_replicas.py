@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from ddpjob_worker import replicas
 from ddpjob_worker.replicas import ResumePlan, VolumeLayout, plan_resume
 from ddpjob_worker.storage import VOLUME_ID, LocalStorage
 
@@ -75,3 +76,12 @@ def test_volume_id_created_concurrently_is_one_id(tmp_path: Path) -> None:
         t.join()
     assert len(ids) == 8 and len(set(ids)) == 1
     assert [p.name for p in (tmp_path / "c").iterdir()] == [VOLUME_ID]  # no candidate files left behind
+
+
+@pytest.mark.parametrize(("backend", "side"), [
+    ("gloo", False), ("GLOO", False),
+    ("nccl", True), ("cpu:gloo,cuda:nccl", True), ("mpi", True), ("ucc", True),
+])
+def test_object_collectives_get_a_gloo_group_unless_the_default_is_gloo(backend: str, side: bool) -> None:
+    """Issue 23 #13: under NCCL they ran on the default group and so on each rank's *current* CUDA device."""
+    assert replicas.needs_object_group(backend) is side

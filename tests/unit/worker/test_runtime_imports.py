@@ -10,7 +10,7 @@ import textwrap
 #: Every module on the runtime's path, from ``ddp-worker`` to the trainer and the rendezvous store.
 RUNTIME_MODULES = ("entrypoint", "launch", "agent", "warm", "recorded", "autoprogress", "progress", "storekeeper",
                    "causes", "contract", "termlog", "logs", "procs", "rdzv", "bootstrap", "compat", "storeserver",
-                   "storestate")
+                   "storestate", "sender", "redact")
 
 # ModuleNotFoundError, as for a package that is not installed: torch probes for numpy and goes on without it.
 BLOCKED_IMPORTS = textwrap.dedent("""

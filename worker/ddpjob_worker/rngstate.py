@@ -1,0 +1,42 @@
+"""Every RNG state a resumed run must get back to draw the same numbers: Python's, numpy's legacy global one,
+torch's CPU generator and the current CUDA device's (checkpoint.py saves them per rank)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
+    """This process's RNG states (python, numpy legacy global, torch CPU, and CUDA: that of ``device``, the
+    model's, when it is a GPU; else the current device's). The model's device, not the current one: a script
+    that never calls torch.cuda.set_device (the DDP tutorial's) draws on cuda:RANK while the current device is
+    cuda:0 on every rank."""
+    np_state = np.random.get_state(legacy=True)
+    assert isinstance(np_state, tuple)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": (str(np_state[0]), torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+                  int(np_state[2]), int(np_state[3]), float(np_state[4])),
+        "torch": torch.get_rng_state(),
+    }
+    if device is not None and device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    elif torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: Mapping[str, Any], device: torch.device | None = None) -> None:
+    """Inverse of capture_rng (the same ``device``)."""
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, keys.cpu().numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        cuda = device if device is not None and device.type == "cuda" else "cuda"
+        torch.cuda.set_rng_state(state["cuda"].cpu(), cuda)
