@@ -101,7 +101,9 @@ def object_group() -> Any:
     every rank, so a GPU job never depends on the script's CUDA device for them."""
     if not (dist.is_available() and dist.is_initialized()) or not needs_object_group(dist.get_backend()):
         return None
-    return dist.new_group(backend="gloo")
+    group = dist.new_group(backend="gloo")
+    compat.keep_group(group)  # freed with its Checkpointer, it could hang the trainer on torch < 2.15 (compat.py)
+    return group
 
 
 def discover(volume_id: str, group: Any = None) -> VolumeLayout:
