@@ -261,7 +261,8 @@ print(dist.destroy_process_group.keeps_groups, len(compat._kept_groups),
       any(g is default for g in compat._kept_groups), any(g is side for g in compat._kept_groups))
 """
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.split() == ["True", "2", "True", "True"], out.stdout + out.stderr
+    last = out.stdout.strip().splitlines()[-1]  # after what gloo itself prints on some releases (2.10)
+    assert last.split() == ["True", "2", "True", "True"], out.stdout + out.stderr
 
 
 @pytest.mark.parametrize(("version", "may_hang"), [
