@@ -208,7 +208,7 @@ def test_children_pass_owner_reference_enforcement(cluster: Cluster, release: st
     sa = f"system:serviceaccount:{release}:{RELEASE}"
     manifest = {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob",
                 "metadata": {"name": "owner", "namespace": release},
-                "spec": {"workers": 1, "template": {"spec": {"containers": [
+                "spec": {"replicas": 1, "template": {"spec": {"containers": [
                     {"name": "trainer", "image": "busybox", "command": ["python", "train.py"]}]}}}}
     created = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-", stdin=json.dumps(manifest)).stdout)
     service = build_service(parse_ddpjob(created))
@@ -240,7 +240,7 @@ def test_a_worker_may_patch_only_its_own_jobs_progress(cluster: Cluster, release
     for job in ("a", "ab"):
         cluster.kubectl("create", "-n", release, "-f", "-", stdin=json.dumps({
             "apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": job},
-            "spec": {"workers": 1, "template": {"spec": {"containers": [
+            "spec": {"replicas": 1, "template": {"spec": {"containers": [
                 {"name": "trainer", "image": "busybox", "command": ["python", "train.py"]}]}}}}))
     cluster.kubectl("create", "-n", release, "-f", "-", stdin=json.dumps({
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a-worker-0"},
