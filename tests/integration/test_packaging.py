@@ -6,18 +6,21 @@ image really starts is checked by tests/images (Docker).
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from ddpjob_operator.builders import build_service, build_worker_identity
+from ddpjob_operator.builders import build_service, build_worker_identity, owner_reference
 from ddpjob_operator.names import WORKER_SERVICE_ACCOUNT as WORKER_SA
 from ddpjob_operator.spec import parse_ddpjob
+from ddpjob_worker.progress import ApiError, InClusterApi
 
 from tests.conftest import Cluster, wait_for
 
@@ -212,24 +215,28 @@ def test_children_pass_owner_reference_enforcement(cluster: Cluster, release: st
                     {"name": "trainer", "image": "busybox", "command": ["python", "train.py"]}]}}}}
     created = json.loads(cluster.kubectl("create", "-o", "json", "-f", "-", stdin=json.dumps(manifest)).stdout)
     service = build_service(parse_ddpjob(created))
+    service["metadata"]["ownerReferences"] = [owner_reference(created)]  # what the operator adds (kopf.adopt)
     assert service["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
     proc = cluster.kubectl("create", f"--as={sa}", "-f", "-", stdin=json.dumps(service), check=False)
     assert proc.returncode == 0, proc.stderr
 
 
-def _as_worker_of(cluster: Cluster, namespace: str, pod: str, tmp: Path) -> Cluster:
-    """kubectl as the namespace's ddpjob-worker account, with a token the API server binds to ``pod`` (what the
-    kubelet mounts into that pod): a kubeconfig of the cluster's address and CA, and that token only."""
+def _as_worker_of(cluster: Cluster, namespace: str, pod: str, tmp: Path) -> InClusterApi:
+    """The worker runtime's own status client (progress.InClusterApi: a merge patch of ddpjobs/status, which is
+    all the workers' Role allows) as the namespace's ddpjob-worker account, with a token the API server binds to
+    ``pod``: what the kubelet mounts into that pod."""
     token = cluster.kubectl("create", "token", WORKER_SA, "-n", namespace, "--bound-object-kind", "Pod",
                             "--bound-object-name", pod).stdout.strip()
     raw = json.loads(cluster.kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
     server = raw["clusters"][0]["cluster"]
-    path = tmp / f"kubeconfig-{pod}"
-    path.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "worker",
-        "clusters": [{"name": "c", "cluster": server}], "users": [{"name": "worker", "user": {"token": token}}],
-        "contexts": [{"name": "worker", "context": {"cluster": "c", "user": "worker", "namespace": namespace}}]}))
-    return Cluster(path)
+    (tmp / "token").write_text(token)
+    ca = tmp / "ca.crt"
+    if "certificate-authority-data" in server:
+        ca.write_bytes(base64.b64decode(server["certificate-authority-data"]))
+    else:
+        ca.write_text(Path(server["certificate-authority"]).read_text())
+    address = urlsplit(server["server"])
+    return InClusterApi(address.hostname or "", address.port or 443, tmp / "token", ca)
 
 
 def test_a_worker_may_patch_only_its_own_jobs_progress(cluster: Cluster, release: str, tmp_path: Path) -> None:
@@ -247,21 +254,26 @@ def test_a_worker_may_patch_only_its_own_jobs_progress(cluster: Cluster, release
         "spec": {"serviceAccountName": WORKER_SA, "containers": [{"name": "trainer", "image": "busybox"}]}}))
     worker = _as_worker_of(cluster, release, "a-worker-0", tmp_path)
 
-    def patch(job: str, status: dict[str, object]) -> subprocess.CompletedProcess[str]:
-        return worker.kubectl("patch", "ddpjob", job, "--subresource=status", "--type=merge",
-                              "-p", json.dumps({"status": status}), check=False)
+    def patch(job: str, status: dict[str, object]) -> str:
+        """'' when the API server took the patch, else its refusal."""
+        try:
+            worker.patch_namespaced_custom_object_status("ddpjob.io", "v1alpha1", release, "ddpjobs", job,
+                                                         {"status": status}, _request_timeout=10)
+        except ApiError as err:
+            return str(err)
+        return ""
 
     mine = patch("a", {"progress": {"globalStep": 7, "source": "Reporter"}})
-    assert mine.returncode == 0, mine.stderr
+    assert mine == "", mine
     status: Any = get_json(cluster, "ddpjob", "a", "-n", release)["status"]
     assert status["progress"]["globalStep"] == 7
     other = patch("ab", {"progress": {"globalStep": 1}})  # "ab": a name that only starts like the pod's job
-    assert other.returncode != 0 and "not one of ab's workers" in other.stderr, other.stderr
+    assert "not one of ab's workers" in other, other
     verdict = patch("a", {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Forged",
                                           "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]})
-    assert verdict.returncode != 0 and "status.progress only" in verdict.stderr, verdict.stderr
+    assert "status.progress only" in verdict, verdict
     count = patch("a", {"progress": {"globalStep": 8}, "incidentCount": 99})
-    assert count.returncode != 0 and "status.progress only" in count.stderr, count.stderr
+    assert "status.progress only" in count, count
     status = get_json(cluster, "ddpjob", "a", "-n", release)["status"]
     assert "incidentCount" not in status and status["progress"]["globalStep"] == 7
 
