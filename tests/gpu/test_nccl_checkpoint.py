@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -111,12 +111,18 @@ def _rank(rank: int, world: int, root: Path) -> None:
     dist.destroy_process_group()
 
 
+def _ranks(target: Callable[[int, int, Path], None], root: Path) -> list[dict[str, Any]]:
+    """``target`` on one rank per GPU (two at most): what each rank wrote to result-<rank>.json."""
+    world = min(2, torch.cuda.device_count())
+    spawn(target, args=(world, root), nprocs=world, join=True)  # type: ignore[no-untyped-call]
+    return [json.loads((root / f"result-{rank}.json").read_text()) for rank in range(world)]
+
+
 @pytest.mark.timeout(300)
 def test_checkpoint_collectives_under_nccl(tmp_path: Path) -> None:
-    world = min(2, torch.cuda.device_count())
-    spawn(_rank, args=(world, tmp_path), nprocs=world, join=True)  # type: ignore[no-untyped-call]
-    for rank in range(world):
-        out = json.loads((tmp_path / f"result-{rank}.json").read_text())
+    results = _ranks(_rank, tmp_path)
+    world = len(results)
+    for rank, out in enumerate(results):
         print(f"rank {rank} of {world}: backend {out['backend']}, devices {out['devices']}, scale {out['scale']}")
         assert out["backend"] == "nccl"
         assert out["fresh_step"] == 0 and out["resumed_step"] == 5
@@ -159,10 +165,7 @@ def _rank_without_set_device(rank: int, world: int, root: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_a_script_that_never_sets_its_cuda_device(tmp_path: Path) -> None:
-    world = min(2, torch.cuda.device_count())
-    spawn(_rank_without_set_device, args=(world, tmp_path), nprocs=world, join=True)  # type: ignore[no-untyped-call]
-    for rank in range(world):
-        out = json.loads((tmp_path / f"result-{rank}.json").read_text())
+    for rank, out in enumerate(_ranks(_rank_without_set_device, tmp_path)):
         assert out["objects"] == "gloo", "the object collectives must not run on NCCL"
         assert out["resumed_step"] == 2 and out["resumed"] == out["saved"]
         assert out["rng_resumed"] == out["rng_saved"], f"cuda:{rank}'s RNG state was not restored"
