@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tests.conftest import Cluster, wait_for
 from tests.e2e import training as t
-from tests.e2e.runs import JOB
+from tests.e2e.runs import CAPTURED, JOB
 
 
 class LogCapture:
@@ -24,6 +24,7 @@ class LogCapture:
 
     def __call__(self) -> None:
         self.texts = t.merge_logs(self.texts, t.capture_logs(self.cluster, self.ns, JOB))
+        CAPTURED[self.ns] = self.texts  # run_job writes them out if the scenario fails
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,13 @@ delete the namespace. Shared by test_training.py and test_soak.py (fixtures in c
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tests.conftest import Cluster, wait_for
@@ -16,6 +19,11 @@ from tests.e2e import training as t
 from tests.readable import assert_readable
 
 JOB = "charlm"
+
+#: namespace -> the worker logs a scenario captured so far (faults.LogCapture): a failed scenario loses its return
+#: value, not these; run_job writes them out with the job's description.
+CAPTURED: dict[str, dict[str, str]] = {}
+FAILURES_DIR = Path(os.environ.get("DDPJOB_E2E_FAILURES", Path(tempfile.gettempdir()) / "ddpjob-e2e-failures"))
 
 
 @dataclass
@@ -87,8 +95,28 @@ def run_job(env: Env, label: str, scenario: Scenario | None = None, *, claim: bo
         t.log(f"{label}: Succeeded in {wall:.0f}s, params sha256 {digest[:16]}..., incidents "
               f"{status.get('incidentCount', 0)}, {checked} failure message(s) checked readable")
         return run
+    except BaseException:
+        _keep_evidence(cluster, label, ns)
+        raise
     finally:
+        CAPTURED.pop(ns, None)
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+def _keep_evidence(cluster: Cluster, label: str, ns: str) -> None:
+    """A failed run's worker logs (those its faults replaced included), the job and its pods, on disk: the CI
+    output shows only the assertion, and the namespace is deleted next."""
+    out = FAILURES_DIR / ns
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for key, text in t.merge_logs(CAPTURED.get(ns, {}), t.capture_logs(cluster, ns, JOB)).items():
+            (out / f"{key}.log").write_text(text)
+        (out / "job.txt").write_text(t.describe_job(cluster, ns, JOB))
+        events = cluster.kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False).stdout
+        (out / "events.txt").write_text(events)
+        t.log(f"{label}: failed; worker logs, the job and the events kept in {out}")
+    except Exception as exc:  # the run's own failure is what matters
+        t.log(f"{label}: failed; could not keep its logs: {exc!r}")
 
 
 def assert_same_model(run: Run, reference: Run) -> None:
