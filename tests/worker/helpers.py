@@ -63,10 +63,14 @@ class LocalJob:
         self.rdzv.terminate()
         self.rdzv.wait(30)
         stopped = time.time()
+        self.start_store()
+        return stopped
+
+    def start_store(self) -> None:
+        """Start an empty store on the job's port (after the old one was stopped); returns once it listens."""
         self.rdzv = self._popen([PY, "-m", "ddpjob_worker.rdzv", "--host", "127.0.0.1", "--port", str(self.port)],
                                 os.environ.copy(), self.workdir / "logs" / "rdzv.log")
         procs.wait_for_port(self.port, 60, self.rdzv)
-        return stopped
 
     def _popen(self, argv: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
         with open(log, "ab") as f:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import time
 
 import pytest
 from ddpjob_worker import procs
@@ -49,3 +51,36 @@ def test_store_loss_keeps_the_group_training_and_the_spare_waiting(job: LocalJob
     wait_until(lambda: procs.training_processes(agents[spare].pid), 120, "the spare to take the lost pod's place")
     for i in (min(training), spare):
         assert wait_exit(agents[i], 300, job) == 0, job.logs()[-4000:]
+
+
+@pytest.mark.timeout(240)
+def test_sigterm_while_the_agent_reconnects_to_the_store_stops_the_pod_within_its_budget(job: LocalJob) -> None:
+    """The store pod was deleted and its name does not answer yet (in a cluster: DNS not updated, so each attempt
+    waits its whole second), and the new store comes up while the SIGTERM of a pod deletion is pending: torchrun's
+    SignalException was then raised in the Python code of a successful attempt, which the keeper caught as "store
+    not back yet". The SIGTERM was lost and the trainers trained on until the kubelet's SIGKILL (the soak's 45 s
+    deletions, and a job that finished while one of its workers was being deleted)."""
+    budget = 20
+    agents = [job.agent(i, COMMAND, DDPJOB_SIGTERM_BUDGET_SECONDS=str(budget)) for i in range(2)]
+    for a in agents:
+        job.training_pid(a)
+    job.progress_at_least(5, 180)
+    job.rdzv.terminate()
+    job.rdzv.wait(30)
+    # An address whose connection attempts time out: a listener that never accepts, its backlog (0: one queued
+    # connection) filled by ours, so the kernel drops the agents' SYNs and each attempt retries for its 1 s.
+    silent = socket.create_server(("127.0.0.1", job.port), backlog=0)
+    filler = socket.create_connection(("127.0.0.1", job.port), timeout=2)
+    wait_until(lambda: "the rendezvous store is unreachable" in job.log(0).read_text(), 60,
+               "agent 0 to notice the store is gone")
+    time.sleep(3)  # several attempts in: the SIGTERM lands inside one
+    sent = time.monotonic()
+    agents[0].send_signal(signal.SIGTERM)
+    filler.close()
+    silent.close()
+    job.start_store()  # the store is back while that attempt still retries
+    code = wait_exit(agents[0], budget + 15, job)
+    elapsed = time.monotonic() - sent
+    assert code == 143, f"exit code {code}; logs:\n{job.logs()[-4000:]}"
+    assert elapsed < budget, f"took {elapsed:.1f}s, budget {budget}s"
+    assert "preempted: checkpoint step-" in job.log(0).read_text()

@@ -138,7 +138,8 @@ class PodAgent(LocalElasticAgent):
         try:
             result: RunResult = super().run(role)
         except BaseException:
-            leave_round(self.get_worker_group().spec.rdzv_handler)
+            if self._keeper.lost_since is None:  # the old client of a lost store would block for its timeout
+                leave_round(self.get_worker_group().spec.rdzv_handler)
             self._keep_rendezvous_open()
             raise
         finally:
@@ -149,7 +150,8 @@ class PodAgent(LocalElasticAgent):
             log.info("the rendezvous closed while this pod waited as a hot spare: the job is done")
             return RunResult(state=WorkerState.SUCCEEDED)
         if result.is_failed():
-            leave_round(self.get_worker_group().spec.rdzv_handler)
+            if self._keeper.lost_since is None:
+                leave_round(self.get_worker_group().spec.rdzv_handler)
             self._keep_rendezvous_open()
         return result
 

@@ -259,9 +259,16 @@ def set_shutdown_timeout(args: Any, seconds: int) -> bool:
 def signalled() -> bool:
     """Whether the agent is shutting down because it got a signal: SimpleElasticAgent.run calls _shutdown from
     its ``except SignalException`` block, and only there (a restart or the end of a run has no such exception)."""
+    return is_signal(sys.exc_info()[1])
+
+
+def is_signal(err: BaseException | None) -> bool:
+    """Whether ``err`` is torchrun's SignalException: the agent's SIGTERM handler raises it on the main thread
+    wherever that thread is, so a broad ``except Exception`` there must let it through, or the pod's SIGTERM is
+    lost and its trainers train on until the kubelet's SIGKILL."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    return isinstance(sys.exc_info()[1], SignalException)
+    return isinstance(err, SignalException)
 
 
 def close_workers(agent: Any, death_sig: signal.Signals, timeout: int) -> None:

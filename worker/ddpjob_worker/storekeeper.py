@@ -101,6 +101,8 @@ class StoreKeeper:
             store = self._connect(old.host, old.port, old.timeout, compat.store_uses_libuv(old))
             self._switch(store)
         except Exception as err:  # the new store is not up yet: the next attempt comes a second later
+            if compat.is_signal(err):  # SIGTERM arrived during the attempt (it takes up to a second): the pod ends
+                raise
             log.debug("rendezvous store not back yet: %s", err)
             return False
         log.info("reconnected to the rendezvous store %s:%d after %.1f s; round %d restored (%d participants, %d "

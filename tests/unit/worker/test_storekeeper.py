@@ -110,3 +110,34 @@ def test_the_second_agent_back_adopts_the_state_the_first_wrote() -> None:
     assert dict(b._state_holder.state.participants) == dict(a._state_holder.state.participants)
     assert server_two.num_keys() >= 1
     a._stop_heartbeats()
+
+
+def test_a_signal_during_a_reconnect_attempt_is_not_taken_for_a_store_not_back_yet() -> None:
+    """torchrun's agent raises SignalException on its main thread wherever the SIGTERM finds it; an attempt takes up
+    to a second (a name that does not resolve yet), and the keeper caught the exception as "not back yet": the
+    pod's SIGTERM was lost and its trainers trained on until the kubelet killed them (the soak's 45 s deletions)."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    port = free_port()
+    first = server(port)
+    h = handler(port)
+    h.next_rendezvous()
+
+    def connector(*args: Any) -> Any:
+        raise SignalException("Process got signal: 15", signal.SIGTERM)
+
+    clock = Clock()
+    keeper = storekeeper.StoreKeeper(h, connector=connector, clock=clock)
+    del first
+    keeper.lost(RendezvousConnectionError("gone"))
+    with pytest.raises(SignalException):
+        keeper.try_reconnect()
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+
+    with pytest.raises(SignalException):  # the same inside a rendezvous that waits for the store
+        keeper.wait(deadline=clock.now + 60, sleep=sleep)
+    h._stop_heartbeats()
