@@ -44,7 +44,8 @@ def job(runtime_image: str, worker_image: str, selector: dict[str, str]) -> Any:
     return parse_ddpjob({
         "apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob",
         "metadata": {"name": "bench", "namespace": "default", "uid": str(uuid.uuid4())},
-        "spec": {"replicas": 2, "runtime": {"image": runtime_image}, "template": {"spec": {
+        "spec": {"replicas": 2, "runtime": {"image": runtime_image}, "rendezvous": {"nodeSelector": selector},
+                 "template": {"spec": {
             "nodeSelector": selector,
             "containers": [{"name": "trainer", "image": worker_image, "command": ["python", "train.py"]}]}}},
     })

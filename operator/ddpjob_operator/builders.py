@@ -27,8 +27,6 @@ Obj = dict[str, Any]
 #: Grace period given to a worker pod when the template sets none: the checkpoint library's SIGTERM path
 #: needs time to write one last checkpoint.
 DEFAULT_GRACE_SECONDS = 90
-#: The rendezvous store is pure Python in the runtime image (no torch): tens of MB, plus a little per connection.
-RENDEZVOUS_RESOURCES = {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
 #: Part of the grace period reserved for torchrun and the kubelet after the final checkpoint.
 GRACE_RESERVE_SECONDS = 30
 #: The rendezvous pod's container meets the `restricted` Pod Security Standard, so a job runs in a namespace
@@ -174,10 +172,11 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
 
 def build_rendezvous_pod(job: DDPJob) -> Obj:
     """Pod ``<job>-rdzv`` serving the c10d store from the small runtime image (a pure-Python store: no torch, no
-    multi-GB pull), scheduled like the workers."""
+    multi-GB pull), placed by spec.rendezvous (never by the workers' nodeSelector or tolerations)."""
     tmpl_spec: Obj = job.spec.template.get("spec") or {}
     name = names.rendezvous_pod_name(job.name)
-    port = job.spec.rendezvous.port
+    rdzv = job.spec.rendezvous
+    port = rdzv.port
     container: Obj = {
         "name": "rendezvous",
         "image": inject.runtime_image(job),
@@ -185,8 +184,7 @@ def build_rendezvous_pod(job: DDPJob) -> Obj:
         "command": ["python3", f"{RUNTIME_IMAGE_DIR}/bin/ddpjob-rdzv", "--port", str(port)],
         "ports": [{"name": "rdzv", "containerPort": port, "protocol": "TCP"}],
         "readinessProbe": {"tcpSocket": {"port": port}, "periodSeconds": 5},
-        # Fixed and GPU-free: the store holds only rendezvous keys.
-        "resources": copy.deepcopy(RENDEZVOUS_RESOURCES),
+        "resources": rdzv.pod_resources,
         "securityContext": copy.deepcopy(RESTRICTED_CONTAINER),
     }
     spec: Obj = {
@@ -198,9 +196,16 @@ def build_rendezvous_pod(job: DDPJob) -> Obj:
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 5,
     }
-    for key in ("imagePullSecrets", "nodeSelector", "tolerations", "priorityClassName", "securityContext"):
+    # Pulling the runtime image needs the workers' credentials, and the pod sandbox their securityContext; where
+    # it runs is its own (spec.rendezvous): the workers' nodeSelector and tolerations would put a CPU-only store on
+    # a GPU node. Its priority is the job's, so that a preemption does not single it out.
+    for key in ("imagePullSecrets", "securityContext", "priorityClassName"):
         if key in tmpl_spec:
             spec[key] = copy.deepcopy(tmpl_spec[key])
+    placement = {"nodeSelector": rdzv.node_selector, "tolerations": rdzv.tolerations, "affinity": rdzv.affinity,
+                 "priorityClassName": rdzv.priority_class_name}
+    spec.update({key: copy.deepcopy(list(v) if isinstance(v, tuple) else v) for key, v in placement.items()
+                 if v is not None})
     security: Obj = spec.setdefault("securityContext", {})
     security.setdefault("seccompProfile", {"type": "RuntimeDefault"})
     labels = {**names.job_labels(job.name), names.LABEL_REPLICA_TYPE: names.TYPE_RENDEZVOUS}

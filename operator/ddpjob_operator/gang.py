@@ -9,11 +9,11 @@ job) plus the rendezvous pod, which every worker waits for. Pure: dicts in, dict
 
 from __future__ import annotations
 
-import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from ddpjob_operator import names
+from ddpjob_operator.quantity import parse_quantity
 from ddpjob_operator.spec import POD_GROUP_LABEL, DDPJob
 
 Obj = dict[str, Any]
@@ -30,26 +30,6 @@ def join(job: DDPJob, pod: Obj) -> Obj:
     pod["metadata"].setdefault("labels", {})[POD_GROUP_LABEL] = names.pod_group_name(job.name)
     pod["spec"]["schedulerName"] = gang.scheduler_name
     return pod
-
-
-_SUFFIX: dict[str, int | Decimal] = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|)$")
-
-
-def parse_quantity(value: object) -> Decimal:
-    """A Kubernetes quantity (``1.5Gi``, ``250m``, ``2``) as a number. The operator image has no kubernetes
-    client, whose parser this matches; the API server has already refused what this would not parse."""
-    match = _QUANTITY.match(str(value).strip())
-    try:
-        if match is None:
-            raise InvalidOperation
-        return Decimal(match[1]) * Decimal(str(_SUFFIX[match[2]]))
-    except InvalidOperation:
-        raise ValueError(f"{value!r} is not a Kubernetes quantity") from None
 
 
 def _container_requests(container: Obj) -> dict[str, Decimal]:

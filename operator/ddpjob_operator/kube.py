@@ -149,6 +149,11 @@ def refusal(kind: str, name: str, message: str) -> Problem:
         reason, hint = "PodSecurity", "make the pod template meet the namespace's Pod Security level"
     elif "exceeded quota" in message:
         reason, hint = "QuotaExceeded", "raise the namespace's ResourceQuota or lower the job's requests"
+    elif "failed quota" in message and "must specify" in message:
+        # A quota that counts limits.cpu (say) refuses any pod without one: not a permission, a missing field.
+        reason, hint = "QuotaNeedsResources", ("set the resources the namespace's ResourceQuota names in the worker "
+                                               "template's containers (spec.rendezvous.resources for the "
+                                               "rendezvous pod)")
     else:
         reason, hint = "Forbidden", "grant the operator's ServiceAccount the permission (chart RBAC)"
     return Problem(kind=kind, name=name, conflict=False, reason=reason, message=f"{message} (fix: {hint})")

@@ -13,6 +13,8 @@ from ddpjob_worker.contract import RUNTIME_MOUNT_PATH, injected_command, python_
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from ddpjob_operator.quantity import resources_error
+
 GROUP = "ddpjob.io"
 VERSION = "v1alpha1"
 KIND = "DDPJob"
@@ -31,7 +33,7 @@ _PATTERN_WORDS = {
     r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$": "must be a quantity such as 10Gi or 500Mi",
     r"^/": "must be an absolute path (start with /)",
 }
-_NAMED_RE = re.compile(r"^([A-Za-z][\w.\[\]]*): (.+)$", re.S)
+_NAMED_RE = re.compile(r"^([A-Za-z][\w.\[\]/-]*): (.+)$", re.S)
 
 #: The container in the pod template that runs torchrun; a template with one container may leave it unnamed.
 WORKER_CONTAINER = "worker"
@@ -105,13 +107,52 @@ class Checkpoint(_Model):
         return self
 
 
+#: The rendezvous pod's resources unless spec.rendezvous.resources says otherwise: the store holds only rendezvous
+#: keys (tens of MB); a CPU limit so that a namespace whose quota counts limits.cpu admits it.
+RENDEZVOUS_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}}
+#: What the rendezvous pod may ask for: a pure-Python store has no use for accelerators or hugepages.
+RENDEZVOUS_RESOURCE_NAMES = ("cpu", "memory", "ephemeral-storage")
+
+
 class Rendezvous(_Model):
-    """The c10d rendezvous store (served by the job's rendezvous pod)."""
+    """The c10d rendezvous store (served by the job's rendezvous pod) and where that pod runs: its own scheduling,
+    never the workers' (a store on a GPU node would hold that node, or keep an autoscaled one alive)."""
 
     port: int = Field(default=29400, ge=1024, le=65535)
     join_timeout_seconds: int = Field(default=600, ge=1)
     last_call_seconds: int = Field(default=15, ge=0)
     close_timeout_seconds: int = Field(default=60, ge=1)
+    node_selector: dict[str, str] | None = None
+    tolerations: tuple[dict[str, Any], ...] | None = None
+    affinity: dict[str, Any] | None = None
+    priority_class_name: str | None = Field(default=None, max_length=253, pattern=_DNS_SUBDOMAIN)
+    resources: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _resources(self) -> Rendezvous:
+        if self.resources is None:
+            return self
+        extra = sorted(set(self.resources) - {"requests", "limits"})
+        if extra:
+            raise ValueError(f"resources.{extra[0]}: unknown; the rendezvous pod takes requests and limits only")
+        problem = resources_error(self.resources)
+        if problem:
+            raise ValueError(f"resources{problem}")
+        for part in ("requests", "limits"):
+            for name in self.resources.get(part) or {}:
+                if name not in RENDEZVOUS_RESOURCE_NAMES:
+                    raise ValueError(f"resources.{part}.{name}: the rendezvous store uses only "
+                                     f"{', '.join(RENDEZVOUS_RESOURCE_NAMES)}; remove {name}")
+        return self
+
+    @property
+    def pod_resources(self) -> dict[str, dict[str, str]]:
+        """The rendezvous container's resources: what the spec sets, as a container's (replacing the defaults
+        whole: merged defaults could put a default limit below a request the user raised), else the defaults."""
+        given = self.resources if self.resources is not None else RENDEZVOUS_RESOURCES
+        return {part: {str(k): str(v) for k, v in given[part].items()} for part in ("requests", "limits")
+                if given.get(part)}
 
 
 #: The label that puts a job in a Kueue LocalQueue (Kueue's own, on every kind it queues; kueue.py).

@@ -13,6 +13,7 @@ from ddpjob_worker.contract import (
     reserved_env,
 )
 
+from ddpjob_operator.quantity import resources_error
 from ddpjob_operator.spec import CHECKPOINT_VOLUME, POD_GROUP_LABEL, worker_container_index
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ def check_template(spec: DDPJobSpec) -> None:
             raise ValueError(f"{where}.volumeMounts[{j}].mountPath: {mount} is spec.checkpoint.mountPath, where "
                              "the operator mounts the checkpoint volume; mount this volume elsewhere")
     _check_gang(spec, pod_spec)
+    _check_resources(pod_spec)
     if spec.nproc_per_node == "gpu" and not _gpu_requested(pod_spec, worker):
         raise ValueError(f"nprocPerNode: 'gpu' starts one process per GPU, but {where} requests no GPU: add "
                          "resources.limits['nvidia.com/gpu'] (or a DRA resource claim), or use nprocPerNode: cpu")
@@ -85,3 +87,13 @@ def _check_gang(spec: DDPJobSpec, pod_spec: dict[str, Any]) -> None:
         raise ValueError(f"template.spec.schedulerName: {own!r} differs from spec.scheduling.gang.schedulerName "
                          f"({gang.scheduler_name!r}); a gang needs one scheduler for all its pods: remove it from "
                          "the template or set the same name in both")
+
+
+def _check_resources(pod_spec: dict[str, Any]) -> None:
+    """Every container's requests and limits: the template is free-form in the CRD, and a bad quantity there was
+    first parsed by the planner (a gang's minResources: a retry loop with no condition) or refused pod by pod."""
+    for part in ("initContainers", "containers"):
+        for j, container in enumerate(pod_spec.get(part) or []):
+            problem = resources_error((container or {}).get("resources"))
+            if problem:
+                raise ValueError(f"template.spec.{part}[{j}].resources{problem}")

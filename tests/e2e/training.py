@@ -189,6 +189,7 @@ def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: 
     spec (affinity, tolerations); ``labels`` go on the DDPJob (Kueue's queue and priority). ``image`` and
     ``command``: a user's own image and its command (instead of the worker image and the trainer's args)."""
     run: dict[str, Any] = {"command": command} if command else {"args": args or TRAINER_ARGS}
+    pod_spec = pod_spec or {}
     spec: dict[str, Any] = {
         "replicas": 2, "spares": spares, "nprocPerNode": "1", "maxRestarts": 3,
         "template": {"spec": {
@@ -202,8 +203,12 @@ def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: 
                 # A small CPU request: several runs share node 0 (tests/e2e/background.py).
                 "resources": {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"memory": "2Gi"}},
             }],
-            **(pod_spec or {}),
+            **pod_spec,
         }},
+        # The store stays in the test's lane (its placement is its own, never copied from the workers'); not
+        # the workers' anti-affinity, which would keep it off every node that has a worker.
+        "rendezvous": {"nodeSelector": node_selector,
+                       **({"tolerations": pod_spec["tolerations"]} if "tolerations" in pod_spec else {})},
         # Running: the rendezvous pod goes at the end; Completed workers (and their logs) stay.
         "runPolicy": {"backoffLimit": 6, "cleanPodPolicy": "Running", **(run_policy or {})},
     }

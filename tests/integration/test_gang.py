@@ -23,6 +23,8 @@ def job(name: str, ns: str, replicas: int, *, gang: bool = True, **spec: Any) ->
     pod_spec["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}}
     pod_spec["nodeSelector"] = {POOL_LABEL: ns}
     pod_spec["tolerations"] = [{"key": POOL_LABEL, "operator": "Equal", "value": ns, "effect": "NoSchedule"}]
+    # The gang's room is the pool's, the rendezvous pod's included (its placement is its own: spec.rendezvous).
+    body["spec"]["rendezvous"] = {"nodeSelector": pod_spec["nodeSelector"], "tolerations": pod_spec["tolerations"]}
     return body
 
 

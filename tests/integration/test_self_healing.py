@@ -231,3 +231,33 @@ def test_a_quota_refusal_is_one_request_per_create_and_a_condition(
     print(f"refused pod creates: {counted:.0f} by the operator, {server:.0f} POSTs seen by the API server")
     assert counted >= 2, "the rendezvous pod and the worker were both tried"
     assert server == counted, "every create the operator made was exactly one request"
+
+
+def test_the_rendezvous_pod_has_its_own_placement_and_a_cpu_limit_a_limits_quota_admits(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    """Issue 23 #10: the rendezvous pod copied the workers' nodeSelector and tolerations (a CPU-only store on a GPU
+    node) and had no CPU limit, so a namespace whose quota counts limits.cpu refused it: the job never started."""
+    hard = {"limits.cpu": "16", "limits.memory": "64Gi", "requests.cpu": "16", "requests.memory": "64Gi"}
+    quota = {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "limits"}, "spec": {"hard": hard}}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=json.dumps(quota))
+    wait_for(lambda: json.loads(cluster.kubectl("get", "resourcequota", "limits", "-n", namespace, "-o", "json")
+                                .stdout).get("status", {}).get("hard"), timeout=30, describe="the quota in force")
+    job = small_job("placed", 1, rendezvous={"nodeSelector": {"pool": "cpu"},
+                                             "tolerations": [{"key": "spot", "operator": "Exists"}]})
+    worker = job["spec"]["template"]["spec"]
+    worker["containers"][0]["resources"] = {"limits": {"cpu": "1", "memory": "1Gi"}}
+    worker.update(nodeSelector={"pool": "gpu"}, tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}])
+    jobs.apply(job)
+    rdzv = wait_for(lambda: jobs.pods("placed", kind="rendezvous"), timeout=30, describe="the rendezvous pod",
+                    state=lambda: jobs.describe("placed"))[0]
+    assert rdzv["spec"]["nodeSelector"] == {"pool": "cpu"}
+    assert rdzv["spec"]["tolerations"][0]["key"] == "spot" and len(rdzv["spec"]["tolerations"]) <= 3, \
+        "its own toleration (plus the API server's not-ready/unreachable defaults), none of the workers'"
+    assert rdzv["spec"]["containers"][0]["resources"]["limits"] == {"cpu": "1", "memory": "256Mi"}
+    assert jobs.condition("placed", "CreateRefused") is None
+    # A worker template without the limits the quota counts: refused, and the condition says which field to set.
+    jobs.apply(small_job("bare", 1))
+    refused = jobs.wait_condition("bare", "CreateRefused", timeout=20)
+    assert refused["reason"] == "QuotaNeedsResources" and "must specify limits.cpu" in refused["message"], refused
+    assert "worker template" in refused["message"], refused

@@ -30,7 +30,7 @@ class Problem:
     conflict: bool
     """True: the name is taken by an object this job does not control. False: the create was refused."""
     reason: str
-    """Forbidden, QuotaExceeded, PodSecurity (refusals) or the foreign owner (conflicts)."""
+    """Forbidden, QuotaExceeded, QuotaNeedsResources, PodSecurity (refusals) or the foreign owner (conflicts)."""
     message: str
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from ddpjob_operator import builders
-from ddpjob_operator.spec import parse_ddpjob
+from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
 from ddpjob_worker.contract import WorkerEnv
 
 from .factories import make_job
@@ -162,26 +163,85 @@ def test_pods_run_as_the_namespace_worker_identity_unless_the_template_names_one
 
 def test_rendezvous_pod_runs_the_pure_python_store_in_the_runtime_image() -> None:
     job = make_job().obj()
-    job["spec"]["template"]["spec"]["nodeSelector"] = {"pool": "train"}
     pod = builders.build_rendezvous_pod(parse_ddpjob(job))
     c = pod["spec"]["containers"][0]
     assert c["image"] == "ddpjob-runtime:dev" and c["imagePullPolicy"] == "IfNotPresent"
     assert c["command"] == ["python3", "/opt/ddpjob-runtime/bin/ddpjob-rdzv", "--port", "29400"]
     assert pod["spec"]["hostname"] == "job-rdzv" and pod["spec"]["subdomain"] == "job"
-    assert pod["spec"]["nodeSelector"] == {"pool": "train"}
     assert pod["metadata"]["labels"]["ddpjob.io/replica-type"] == "rendezvous"
     job["spec"]["runtime"] = {"image": "registry.example/ddpjob-runtime:1.2"}
     assert builders.build_rendezvous_pod(parse_ddpjob(job))["spec"]["containers"][0]["image"] == \
         "registry.example/ddpjob-runtime:1.2"
 
 
-def test_rendezvous_pod_resources_are_copied() -> None:
-    pod = builders.build_rendezvous_pod(parse_ddpjob(make_job().obj()))
+GPU_POOL = {
+    "nodeSelector": {"pool": "gpu"},
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["h100"]}]}]}}},
+    "priorityClassName": "training",
+    "imagePullSecrets": [{"name": "pull"}],
+}
+CPU_POOL = {
+    "nodeSelector": {"pool": "cpu"},
+    "tolerations": [{"key": "spot", "operator": "Exists"}],
+    "affinity": {"podAffinity": {}},
+    "priorityClassName": "system-ish",
+}
+
+
+@pytest.mark.parametrize(("rendezvous", "expected"), [
+    # The workers' placement is not the store's: a CPU-only pod on a GPU node holds it (issue 23 #10).
+    ({}, {"priorityClassName": "training", "imagePullSecrets": [{"name": "pull"}]}),
+    ({"nodeSelector": {"pool": "cpu"}},
+     {"nodeSelector": {"pool": "cpu"}, "priorityClassName": "training", "imagePullSecrets": [{"name": "pull"}]}),
+    (CPU_POOL, {**CPU_POOL, "imagePullSecrets": [{"name": "pull"}]}),
+], ids=["own-defaults", "node-selector", "all-of-its-own"])
+def test_rendezvous_pod_is_placed_by_its_own_fields_never_the_workers(rendezvous: dict[str, Any],
+                                                                      expected: dict[str, Any]) -> None:
+    job = make_job().obj()
+    job["spec"]["template"]["spec"].update(copy.deepcopy(GPU_POOL))
+    job["spec"]["rendezvous"] = rendezvous
+    spec = builders.build_rendezvous_pod(parse_ddpjob(job))["spec"]
+    keys = ("nodeSelector", "tolerations", "affinity", "priorityClassName", "imagePullSecrets")
+    assert {k: spec[k] for k in keys if k in spec} == expected
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    (None, {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "1", "memory": "256Mi"}}),
+    ({"requests": {"cpu": "2"}}, {"requests": {"cpu": "2"}}),  # replaces the defaults whole: no limit below it
+    ({"requests": {"cpu": 0.5, "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}},
+     {"requests": {"cpu": "0.5", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}),
+])
+def test_rendezvous_pod_resources(given: dict[str, Any] | None, expected: dict[str, Any]) -> None:
+    job = make_job().obj()
+    if given is not None:
+        job["spec"]["rendezvous"] = {"resources": given}
+    pod = builders.build_rendezvous_pod(parse_ddpjob(job))
     resources = pod["spec"]["containers"][0]["resources"]
-    assert resources == {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}}
-    resources["limits"]["memory"] = "1Mi"  # a caller's edit must not leak into the next pod
-    assert builders.build_rendezvous_pod(parse_ddpjob(make_job().obj()))["spec"]["containers"][0][
-        "resources"]["limits"]["memory"] == "256Mi"
+    assert resources == expected
+    resources.setdefault("limits", {})["memory"] = "1Mi"  # a caller's edit must not leak into the next pod
+    assert builders.build_rendezvous_pod(parse_ddpjob(job))["spec"]["containers"][0]["resources"] == expected
+
+
+@pytest.mark.parametrize(("rendezvous", "field", "words"), [
+    ({"resources": {"requests": {"cpu": "lots"}}}, "spec.rendezvous.resources.requests.cpu", "not a quantity"),
+    ({"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}, "spec.rendezvous.resources.requests.cpu",
+     "above its limit"),
+    ({"resources": {"limits": {"nvidia.com/gpu": "1"}}}, "spec.rendezvous.resources.limits.nvidia.com/gpu",
+     "uses only cpu, memory, ephemeral-storage"),
+    ({"resources": {"claims": []}}, "spec.rendezvous.resources.claims", "requests and limits only"),
+    ({"resources": {"requests": "1"}}, "spec.rendezvous.resources.requests", "must map resource names"),
+    ({"priorityClassName": "Not_A_Name"}, "spec.rendezvous.priorityClassName", "Kubernetes object name"),
+    ({"nodeSelector": {"pool": 3}}, "spec.rendezvous.nodeSelector.pool", "string"),
+])
+def test_rendezvous_placement_and_resources_are_refused_naming_the_field(rendezvous: dict[str, Any], field: str,
+                                                                          words: str) -> None:
+    job = make_job().obj()
+    job["spec"]["rendezvous"] = rendezvous
+    with pytest.raises(InvalidSpec) as err:
+        parse_ddpjob(job)
+    assert err.value.field == field and words in err.value.message, str(err.value)
 
 
 def test_grace_period_and_sigterm_budget() -> None:
@@ -191,3 +251,20 @@ def test_grace_period_and_sigterm_budget() -> None:
     env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
     assert pod["spec"]["terminationGracePeriodSeconds"] == 120
     assert env["DDPJOB_SIGTERM_BUDGET_SECONDS"] == "90"
+
+
+@pytest.mark.parametrize(("resources", "field", "words"), [
+    ({"requests": {"cpu": "two"}}, "spec.template.spec.containers[0].resources.requests.cpu", "not a quantity"),
+    ({"limits": {"memory": "1Gb"}}, "spec.template.spec.containers[0].resources.limits.memory", "not a quantity"),
+    ({"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}, "spec.template.spec.containers[0].resources.requests.cpu",
+     "above its limit"),
+    ({"requests": {"cpu": "-1"}}, "spec.template.spec.containers[0].resources.requests.cpu", "negative"),
+])
+def test_template_quantities_are_refused_naming_the_field(resources: dict[str, Any], field: str, words: str) -> None:
+    """A bad quantity in the free-form template reached the planner (a gang's minResources raised on every pass,
+    with no condition) before the pod API could refuse it."""
+    job = make_job().obj()
+    job["spec"]["template"]["spec"]["containers"][0]["resources"] = resources
+    with pytest.raises(InvalidSpec) as err:
+        parse_ddpjob(job)
+    assert err.value.field == field and words in err.value.message, str(err.value)

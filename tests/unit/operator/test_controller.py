@@ -256,3 +256,18 @@ def test_resync_forgets_jobs_the_list_lacks_unless_newer_than_it() -> None:
     c.job_seen(None, new)
     c.forget_unlisted(set(), 10, ["ns"])
     assert set(c.jobs) == {("ns", "new")}
+
+
+@pytest.mark.parametrize(("message", "reason", "fix"), [
+    ('pods "x" is forbidden: violates PodSecurity "restricted:latest": runAsNonRoot != true', "PodSecurity",
+     "Pod Security level"),
+    ('pods "x" is forbidden: exceeded quota: q, requested: pods=1, used: pods=0, limited: pods=0', "QuotaExceeded",
+     "raise the namespace's ResourceQuota"),
+    ('pods "x" is forbidden: failed quota: q: must specify limits.cpu for: worker', "QuotaNeedsResources",
+     "set the resources the namespace's ResourceQuota names"),
+    ('pods is forbidden: User "system:serviceaccount:s:op" cannot create resource "pods"', "Forbidden",
+     "grant the operator's ServiceAccount"),
+])
+def test_a_refused_create_names_a_fix_that_fits_its_cause(message: str, reason: str, fix: str) -> None:
+    problem = refusal("Pod", "x", message)
+    assert problem.reason == reason and fix in problem.message and message in problem.message

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ddpjob_operator import builders, gang
+from ddpjob_operator import builders, gang, quantity
 from ddpjob_operator.observed import PodView
 from ddpjob_operator.policies import queued
 from ddpjob_operator.spec import POD_GROUP_LABEL, parse_ddpjob
@@ -38,7 +38,7 @@ def group_of(body: Obj) -> Obj:
     return groups[0]
 
 
-# rendezvous pod: requests cpu 50m, memory 64Mi (builders.RENDEZVOUS_RESOURCES); each worker's injected init
+# rendezvous pod: requests cpu 50m, memory 64Mi (spec.RENDEZVOUS_RESOURCES); each worker's injected init
 # container requests cpu 10m, memory 16Mi (inject.INIT_RESOURCES), which count where they exceed the worker's own
 @pytest.mark.parametrize(("body", "members", "resources"), [
     pytest.param(gang_job(4, {"requests": {"cpu": "1", "memory": "1Gi"}}), 5,
@@ -148,13 +148,13 @@ def test_parse_quantity_matches_the_kubernetes_client(text: str | int) -> None:
 
     from kubernetes.utils import parse_quantity as reference
 
-    assert gang.parse_quantity(text) == Decimal(reference(text))  # type: ignore[no-untyped-call]
+    assert quantity.parse_quantity(text) == Decimal(reference(text))  # type: ignore[no-untyped-call]
 
 
 @pytest.mark.parametrize("text", ["", "1Gb", "abc", "1.2.3"])
 def test_parse_quantity_refuses_what_is_not_a_quantity(text: str) -> None:
     with pytest.raises(ValueError, match="not a Kubernetes quantity"):
-        gang.parse_quantity(text)
+        quantity.parse_quantity(text)
 
 
 def test_plan_without_the_pod_group_crd_says_so() -> None:
