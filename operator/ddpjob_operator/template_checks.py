@@ -9,12 +9,14 @@ from ddpjob_worker.contract import (
     RUNTIME_INIT_CONTAINER,
     RUNTIME_MOUNT_PATH,
     RUNTIME_VOLUME,
+    USER_SETTABLE_ENV,
     injected_command,
+    knob_error,
     reserved_env,
 )
 
 from ddpjob_operator.quantity import resources_error
-from ddpjob_operator.spec import CHECKPOINT_VOLUME, POD_GROUP_LABEL, worker_container_index
+from ddpjob_operator.spec import CHECKPOINT_VOLUME, GROUP, POD_GROUP_LABEL, worker_container_index
 
 if TYPE_CHECKING:
     from ddpjob_operator.spec import DDPJobSpec
@@ -40,6 +42,10 @@ def check_template(spec: DDPJobSpec) -> None:
         if reserved_env(name):
             raise ValueError(f"{where}.env[{j}].name: {name} is set by the operator or torchrun in every worker "
                              "(env contract, docs/api.md); remove it (for torchrun options use the DDPJob fields)")
+        value = (item or {}).get("value")
+        problem = knob_error(name, str(value)) if name in USER_SETTABLE_ENV and value is not None else None
+        if problem:  # ddp-worker would exit 78 at start, on every pod
+            raise ValueError(f"{where}.env[{j}].value: {problem}")
     for j, vol in enumerate(pod_spec.get("volumes") or []):
         purpose = {CHECKPOINT_VOLUME: "spec.checkpoint", RUNTIME_VOLUME: "the injected runtime"}.get(
             str((vol or {}).get("name")))
@@ -55,6 +61,7 @@ def check_template(spec: DDPJobSpec) -> None:
                              "the operator mounts the checkpoint volume; mount this volume elsewhere")
     _check_gang(spec, pod_spec)
     _check_resources(pod_spec)
+    _check_overridden(spec, pod_spec)
     if spec.nproc_per_node == "gpu" and not _gpu_requested(pod_spec, worker):
         raise ValueError(f"nprocPerNode: 'gpu' starts one process per GPU, but {where} requests no GPU: add "
                          "resources.limits['nvidia.com/gpu'] (or a DRA resource claim), or use nprocPerNode: cpu")
@@ -97,3 +104,27 @@ def _check_resources(pod_spec: dict[str, Any]) -> None:
             problem = resources_error((container or {}).get("resources"))
             if problem:
                 raise ValueError(f"template.spec.{part}[{j}].resources{problem}")
+
+
+#: Pod fields the operator sets on every worker, and why a template value could only be ignored.
+_OVERRIDDEN = {
+    "hostname": "each worker's host name is its pod name (the rendezvous and DNS use it)",
+    "subdomain": "the workers' subdomain is the job's headless Service",
+}
+
+
+def _check_overridden(spec: DDPJobSpec, pod_spec: dict[str, Any]) -> None:
+    """A value the operator would overwrite without a word is refused instead, naming the field."""
+    policy = pod_spec.get("restartPolicy")
+    if policy is not None and policy != "Never":
+        raise ValueError(f"template.spec.restartPolicy: {policy!r} is not used: worker pods run with restartPolicy "
+                         "Never (torchrun restarts the trainers in place, the operator replaces the pod); remove it "
+                         "and use spec.maxRestarts and spec.runPolicy")
+    for key, why in _OVERRIDDEN.items():
+        if key in pod_spec:
+            raise ValueError(f"template.spec.{key}: set by the operator ({why}); remove it")
+    labels = (spec.template.get("metadata") or {}).get("labels") or {}
+    own = sorted(k for k in labels if str(k).startswith(f"{GROUP}/"))
+    if own:
+        raise ValueError(f"template.metadata.labels: {own[0]} is the operator's own label (it names the job, the "
+                         f"replica and its generation on every pod); remove it")

@@ -71,6 +71,9 @@ def run_entrypoint(env: dict[str, str], *args: str) -> subprocess.CompletedProce
     (contract.PET_RDZV_ENDPOINT, None, "PET_RDZV_ENDPOINT is not set"),
     (contract.PET_NNODES, "two", "PET_NNODES='two' is malformed: use N or MIN:MAX"),
     (contract.DDPJOB_WORKER_INDEX, "-1", "DDPJOB_WORKER_INDEX='-1' must be >= 0"),
+    # User knobs arrive unchecked through envFrom: the message names the variable, not float()'s complaint.
+    (contract.DDPJOB_DNS_WAIT_SECONDS, "soon", "DDPJOB_DNS_WAIT_SECONDS='soon' must be a number of seconds >= 0"),
+    (contract.DDPJOB_WARM_TRAINERS, "maybe", "DDPJOB_WARM_TRAINERS='maybe' must be 0 or 1"),
 ])
 def test_broken_contract_exits_78_naming_the_variable(job: LocalJob, variable: str, value: str | None,
                                                       expect: str) -> None:

@@ -130,6 +130,24 @@ WORKER_GID = 10001
 
 #: ddpjob variables a template may set: tuning knobs, not identity or wiring.
 USER_SETTABLE_ENV = frozenset({DDPJOB_DNS_WAIT_SECONDS, DDPJOB_WARM_TRAINERS})
+#: The values DDPJOB_WARM_TRAINERS takes (any case): the first four turn pre-started trainers off.
+WARM_TRAINERS_OFF = frozenset({"0", "false", "no", "off"})
+WARM_TRAINERS_ON = frozenset({"1", "true", "yes", "on"})
+
+
+def knob_error(name: str, value: str) -> str | None:
+    """What is wrong with a user knob's value (``<NAME>=<value>: ...``), or None: the operator refuses a template
+    with a bad one before any pod exists, and ``ddp-worker`` names the variable if one arrives anyway (envFrom)."""
+    if name == DDPJOB_DNS_WAIT_SECONDS:
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = -1.0
+        if not 0 <= seconds < float("inf"):
+            return f"{name}={value!r} must be a number of seconds >= 0 (default {DEFAULT_DNS_WAIT_SECONDS})"
+    elif name == DDPJOB_WARM_TRAINERS and value.strip().lower() not in WARM_TRAINERS_OFF | WARM_TRAINERS_ON:
+        return f"{name}={value!r} must be 0 or 1 (or false/true, no/yes, off/on)"
+    return None
 #: What torchrun sets in every training process: a template value would be overwritten or, worse, read by a
 #: script before torchrun's (MASTER_ADDR from a template points every rank at the wrong host).
 TORCHRUN_ENV = frozenset({

@@ -164,6 +164,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         env = contract.WorkerEnv.from_env(os.environ)
         args = torchrun_argv(command, env)
+        for knob in sorted(contract.USER_SETTABLE_ENV & os.environ.keys()):
+            problem = contract.knob_error(knob, os.environ[knob])
+            if problem:
+                raise contract.ContractError(problem)
         dns_wait = float(os.environ.get(contract.DDPJOB_DNS_WAIT_SECONDS, contract.DEFAULT_DNS_WAIT_SECONDS))
     except (contract.ContractError, ValueError) as err:
         _fail(f"broken environment contract: {err}", contract.EXIT_BAD_CONTRACT)

@@ -58,7 +58,7 @@ _PR_SET_NAME = 15
 
 def enabled(environ: Mapping[str, str]) -> bool:
     """Pre-started trainers are on unless DDPJOB_WARM_TRAINERS is "0" (or "false"/"no"/"off")."""
-    return environ.get(contract.DDPJOB_WARM_TRAINERS, "1").strip().lower() not in {"0", "false", "no", "off"}
+    return environ.get(contract.DDPJOB_WARM_TRAINERS, "1").strip().lower() not in contract.WARM_TRAINERS_OFF
 
 
 def startup_env(environ: Mapping[str, str]) -> dict[str, str]:

@@ -268,3 +268,51 @@ def test_template_quantities_are_refused_naming_the_field(resources: dict[str, A
     with pytest.raises(InvalidSpec) as err:
         parse_ddpjob(job)
     assert err.value.field == field and words in err.value.message, str(err.value)
+
+
+@pytest.mark.parametrize(("name", "value", "words"), [
+    ("DDPJOB_DNS_WAIT_SECONDS", "soon", "must be a number of seconds >= 0"),
+    ("DDPJOB_DNS_WAIT_SECONDS", "-5", "must be a number of seconds >= 0"),
+    ("DDPJOB_DNS_WAIT_SECONDS", "inf", "must be a number of seconds >= 0"),
+    ("DDPJOB_WARM_TRAINERS", "maybe", "must be 0 or 1"),
+])
+def test_a_bad_user_knob_is_refused_before_any_pod(name: str, value: str, words: str) -> None:
+    """ddp-worker read these at start: every pod exited 78 with float()'s message, which named no variable."""
+    job = make_job().obj()
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": name, "value": value}]
+    with pytest.raises(InvalidSpec) as err:
+        parse_ddpjob(job)
+    assert err.value.field == "spec.template.spec.containers[0].env[0].value", str(err.value)
+    assert f"{name}={value!r}" in err.value.message and words in err.value.message, str(err.value)
+
+
+@pytest.mark.parametrize(("name", "value"), [("DDPJOB_DNS_WAIT_SECONDS", "0"), ("DDPJOB_DNS_WAIT_SECONDS", "12.5"),
+                                             ("DDPJOB_WARM_TRAINERS", "Off"), ("DDPJOB_WARM_TRAINERS", "1")])
+def test_good_user_knobs_pass(name: str, value: str) -> None:
+    job = make_job().obj()
+    job["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": name, "value": value}]
+    parse_ddpjob(job)
+
+
+@pytest.mark.parametrize(("where", "value", "field", "words"), [
+    ("spec", {"restartPolicy": "OnFailure"}, "spec.template.spec.restartPolicy", "restartPolicy Never"),
+    ("spec", {"hostname": "trainer"}, "spec.template.spec.hostname", "set by the operator"),
+    ("spec", {"subdomain": "mine"}, "spec.template.spec.subdomain", "set by the operator"),
+    ("metadata", {"labels": {"ddpjob.io/replica-index": "7"}}, "spec.template.metadata.labels",
+     "the operator's own label"),
+])
+def test_what_the_operator_would_overwrite_is_refused(where: str, value: dict[str, Any], field: str,
+                                                      words: str) -> None:
+    """These were overwritten on every pod without a word (issue 23 #3)."""
+    job = make_job().obj()
+    job["spec"]["template"].setdefault(where, {}).update(value)
+    with pytest.raises(InvalidSpec) as err:
+        parse_ddpjob(job)
+    assert err.value.field == field and words in err.value.message, str(err.value)
+
+
+def test_restart_policy_never_and_other_labels_are_fine() -> None:
+    job = make_job().obj()
+    job["spec"]["template"]["spec"]["restartPolicy"] = "Never"
+    job["spec"]["template"]["metadata"] = {"labels": {"team": "nlp", "app.kubernetes.io/part-of": "x"}}
+    assert builders.build_worker_pod(parse_ddpjob(job), 0)["metadata"]["labels"]["team"] == "nlp"

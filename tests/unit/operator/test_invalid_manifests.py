@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ddpjob_operator import status as st
+from ddpjob_operator.reconcile import Observed, plan
 from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
+
+from .factories import at, running_cluster
 
 INVALID = Path(__file__).resolve().parents[2] / "integration" / "invalid"
 FILES = sorted(INVALID.glob("*.yaml"))
@@ -35,3 +39,21 @@ def test_parse_ddpjob_rejects(path: Path) -> None:
         parse_ddpjob(yaml.safe_load(path.read_text()))
     if meta["rejected-by"] == "operator":
         assert meta["expect"] in str(err.value)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+@pytest.mark.parametrize("pods", ["none", "running"])
+def test_the_planner_never_raises_on_it(path: Path, pods: str) -> None:
+    """Issue 23 #3: whatever a spec holds, a pass ends in a plan (Failed/InvalidSpec, naming the field), never an
+    exception: a planner that raised retried forever with no condition. Also with the job's pods running (an edit
+    that made a running job invalid)."""
+    body = yaml.safe_load(path.read_text())
+    observed = Observed()
+    if pods == "running":
+        observed = running_cluster(2).observed()  # another job's pods: the plan sees them as this job's
+    body["metadata"].update(namespace="ns", uid="uid-1", generation=2)
+    result = plan(body, observed, at(5))
+    assert st.condition_true(result.status, st.FAILED), result.status
+    failed = st.get_condition(result.status, st.FAILED) or {}
+    assert failed["reason"] == "InvalidSpec" and failed["message"], failed
+    assert not result.create_pods

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ddpjob_operator.observed import MAX_MESSAGE, PodView, truncate
+import pytest
+from ddpjob_operator.observed import MAX_MESSAGE, PodView, count, truncate
 
 
 def test_failed_worker_view() -> None:
@@ -56,3 +57,11 @@ def test_truncate_keeps_the_end() -> None:
     text = "x" * 5000 + "RuntimeError: boom"
     out = truncate(text)
     assert len(out) == MAX_MESSAGE and out.endswith("RuntimeError: boom") and out.startswith("...")
+
+
+@pytest.mark.parametrize(("text", "expected"), [("7", 7), ("0", 0), (None, 0), ("", 0), ("-3", 0), ("x1", 0),
+                                                ("1.5", 0), (12, 12)])
+def test_a_generation_label_that_is_not_a_count_reads_as_zero(text: object, expected: int) -> None:
+    """The operator's pod labels (restart and incident generations) and resourceVersions are parsed with count():
+    a hand-edited label must never make a pass raise."""
+    assert count(text) == expected
