@@ -5,6 +5,7 @@ cache); the periodic resync (resync.py) corrects what the watches missed; all de
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import functools
 import logging
@@ -213,9 +214,11 @@ class Controller:
             incidents_floor=mem.incidents_floor, first_pass=mem.passes == 0, routine_since=mem.routine_since,
             deleted=frozenset(mem.deleted_uids),
             routine_wait=status_writes.interval(len(self.queue), WORKERS),
-            kueue=await self._kueue_inputs(body, key, mem),
+            kueue=await self._kueue_inputs(body, key, mem), last_valid_spec=mem.last_valid_spec,
         )
         plan = planner.plan(body, observed, now)
+        if plan.job is not None and plan.invalid is None:
+            mem.last_valid_spec = copy.deepcopy(body.get("spec"))
         try:
             if plan.job is not None and await apply_plan(self.kube, key, mem, plan, self.identity):
                 # The same observation with the API server's answers to this pass's creates.

@@ -53,6 +53,8 @@ class JobMemory:
     """Kueue: the ResourceFlavors of the job's current admission (read once per admission)."""
     routine_since: datetime | None = None
     """When a pass first held back a routine status change that is not written yet (status_writes)."""
+    last_valid_spec: dict[str, Any] | None = None
+    """The job's last spec that parsed (a running job goes on with it after an invalid edit)."""
 
     def observed_pods(self, cached: list[PodView], now: float) -> list[PodView]:
         """The cache's pods, plus pods we created that it has not delivered yet, minus pods we force-deleted and

@@ -78,3 +78,6 @@ class Observed:
     """How long a routine status change may wait for the next write (longer while the operator is busy)."""
     kueue: KueueInputs = dataclasses.field(default_factory=KueueInputs)
     """A queued job's priority class and admitted flavors, as the controller read them."""
+    last_valid_spec: Mapping[str, Any] | None = None
+    """The last spec of this job that this operator process accepted: a running job goes on with it after an
+    invalid edit (policies/edits.py)."""

@@ -23,6 +23,7 @@ from ddpjob_operator.planning import Observed, Plan
 from ddpjob_operator.policies import (
     children,
     deadline,
+    edits,
     failure,
     incidents,
     pods,
@@ -115,12 +116,22 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
     old: Mapping[str, Any] = body.get("status") or {}
     generation = int((body.get("metadata") or {}).get("generation") or 0)
     result = Plan()
+    edit: edits.Edit | None = None
     try:
         job = parse_ddpjob(body)
     except InvalidSpec as err:
-        return _finish_invalid(result, old, err, observed.pods, generation, now)
+        result.invalid, edit = err, edits.decide(body, old, observed.pods, observed.last_valid_spec)
+        if edit.action == "ended":
+            result.status = dict(old)
+            return result
+        if edit.action == "fail":
+            return _finish_invalid(result, old, err, observed.pods, generation, now)
+        if edit.action == "hold" or edit.job is None:
+            return _hold_invalid(result, old, edits.condition(err, edit), generation, now)
+        job = edit.job
     result.job = job
     ps = _begin(job, old, observed, now, generation)
+    ps.aux.append(edits.condition(result.invalid, edit))
     policy = job.spec.run_policy
     if st.condition_true(old, st.SUCCEEDED) or st.condition_true(old, st.FAILED):
         cond = st.get_condition(old, st.SUCCEEDED if st.condition_true(old, st.SUCCEEDED) else st.FAILED) or {}
@@ -389,6 +400,14 @@ def _finish_invalid(
         old,
         st.compute_status(old, outcome=outcome, workers=workers, counts=counts, generation=gen, now=now),
     )
+
+
+def _hold_invalid(result: Plan, old: Mapping[str, Any], cond: st.Aux, gen: int, now: datetime) -> Plan:
+    """An invalid edit the operator has no valid spec for: the job's pods and state stay, the condition says why."""
+    new = dict(old)
+    new["conditions"] = st.set_condition(old.get("conditions") or [], cond.type, cond.status, cond.reason,
+                                         cond.message, now, gen)
+    return _with_status(result, old, new)
 
 
 def _with_status(result: Plan, old: Mapping[str, Any], new: Obj) -> Plan:
