@@ -148,6 +148,8 @@ def knob_error(name: str, value: str) -> str | None:
     elif name == DDPJOB_WARM_TRAINERS and value.strip().lower() not in WARM_TRAINERS_OFF | WARM_TRAINERS_ON:
         return f"{name}={value!r} must be 0 or 1 (or false/true, no/yes, off/on)"
     return None
+
+
 #: What torchrun sets in every training process: a template value would be overwritten or, worse, read by a
 #: script before torchrun's (MASTER_ADDR from a template points every rank at the wrong host).
 TORCHRUN_ENV = frozenset({

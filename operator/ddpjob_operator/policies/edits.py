@@ -18,8 +18,6 @@ from ddpjob_operator import status as st
 from ddpjob_operator.observed import PodView, truncate
 from ddpjob_operator.spec import DDPJob, InvalidSpec, parse_ddpjob
 
-SPEC_REJECTED = st.SPEC_REJECTED
-
 
 @dataclasses.dataclass(frozen=True)
 class Edit:
@@ -50,8 +48,8 @@ def decide(body: Mapping[str, Any], old: Mapping[str, Any], pods: Sequence[PodVi
 def condition(err: InvalidSpec | None, edit: Edit | None) -> st.Aux:
     """The ``SpecRejected`` condition of this pass (False once the spec is valid again)."""
     if err is None or edit is None:
-        return st.Aux(SPEC_REJECTED, False, "SpecAccepted", "the current spec is valid")
+        return st.Aux(st.SPEC_REJECTED, False, "SpecAccepted", "the current spec is valid")
     goes_on = ("the job goes on with the last valid spec" if edit.action == "keep" else
                "the operator holds the job as it is (no pod created or deleted)")
-    return st.Aux(SPEC_REJECTED, True, "InvalidSpec",
+    return st.Aux(st.SPEC_REJECTED, True, "InvalidSpec",
                   truncate(f"{err}; {goes_on} until the spec is fixed or the edit reverted"))
