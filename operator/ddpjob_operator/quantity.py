@@ -44,9 +44,9 @@ def resources_error(resources: object) -> str | None:
         if not isinstance(block, Mapping):
             return f".{part}: must map resource names to quantities such as 500m or 1Gi"
         for name, value in block.items():
-            if isinstance(value, bool) or not isinstance(value, str | int | float):
-                return f".{part}.{name}: {value!r} is not a quantity; write it like 500m, 2 or 1Gi"
             try:
+                if isinstance(value, bool) or not isinstance(value, str | int | float):
+                    raise ValueError(value)  # str() of a list or a bool could pass the pattern
                 amount = parse_quantity(value)
             except ValueError:
                 return f".{part}.{name}: {value!r} is not a quantity; write it like 500m, 2 or 1Gi"

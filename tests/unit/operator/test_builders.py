@@ -226,6 +226,7 @@ def test_rendezvous_pod_resources(given: dict[str, Any] | None, expected: dict[s
 
 @pytest.mark.parametrize(("rendezvous", "field", "words"), [
     ({"resources": {"requests": {"cpu": "lots"}}}, "spec.rendezvous.resources.requests.cpu", "not a quantity"),
+    ({"resources": {"requests": {"cpu": True}}}, "spec.rendezvous.resources.requests.cpu", "not a quantity"),
     ({"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "1"}}}, "spec.rendezvous.resources.requests.cpu",
      "above its limit"),
     ({"resources": {"limits": {"nvidia.com/gpu": "1"}}}, "spec.rendezvous.resources.limits.nvidia.com/gpu",
