@@ -3,8 +3,13 @@
 kopf's own indices only add what a (re-)listing yields: a pod deleted while a watch was down (an API server
 restart) stays in them for ever, and the job waits on a ghost. This cache is an informer with resync instead:
 ``apply`` takes watch events, ``resync`` takes a full LIST and drops what the API server no longer has (unless
-a watch event newer than the LIST says otherwise). A pod that disappears becomes a *tombstone* for a while, so
-the planner can count a loss it never saw Terminating (a force delete, a deletion during a watch outage).
+a watch event that arrived after the LIST began says otherwise). A pod that disappears becomes a *tombstone* for a
+while, so the planner can count a loss it never saw Terminating (a force delete, a deletion during a watch outage).
+
+Which of a watch event and a LIST item is newer is decided by arrival, never by comparing resourceVersions (the API
+conventions make them opaque strings): the caller takes :meth:`ChildCache.mark` before it sends the LIST, and an
+object a watch event touched after the mark keeps the watch's version. A watch delivers each object's changes in
+order, and the LIST began after every event before the mark, so it is at least as new as those.
 """
 
 from __future__ import annotations
@@ -56,8 +61,17 @@ class ChildCache:
         self._pods: dict[Key, dict[str, PodView]] = {}
         self._tombs: dict[Key, dict[str, _Tomb]] = {}
         self._children: dict[Key, dict[tuple[str, str], ChildView]] = {}
+        # When a watch event last touched each pod (by uid) and child (by kind and name, deletions too): a count of
+        # events, compared with a resync's mark.
+        self._pod_seen: dict[Key, dict[str, int]] = {}
+        self._child_seen: dict[Key, dict[tuple[str, str], int]] = {}
+        self._events = 0
         self._clock = clock
         self._swept = clock()
+
+    def mark(self) -> int:
+        """Where the watch events stand now: take it before sending a LIST, and give it to :meth:`resync`."""
+        return self._events
 
     # --- watch events ---
 
@@ -66,29 +80,30 @@ class ChildCache:
         key = job_key(obj)
         if key is None:
             return None
+        self._events += 1
         if kind == "Pod":
             self._apply_pod(key, event_type, PodView.from_pod(obj))
+            return key
+        view = ChildView.from_object(obj, kind)
+        ck = (kind, view.name)
+        if event_type == "DELETED":
+            # get, not setdefault: a late event of a job already forgotten must not bring its key back.
+            _drop(self._children, key, ck)
+            if key in self._child_seen:  # a LIST sent before the deletion must not bring it back either
+                self._child_seen[key][ck] = self._events
         else:
-            view = ChildView.from_object(obj, kind)
-            if event_type == "DELETED":
-                # get, not setdefault: a late event of a job already forgotten must not bring its key back.
-                _drop(self._children, key, (kind, view.name))
-            else:
-                group = self._children.setdefault(key, {})
-                old = group.get((kind, view.name))
-                if old is None or old.uid != view.uid or view.resource_version >= old.resource_version:
-                    group[(kind, view.name)] = view
+            self._children.setdefault(key, {})[ck] = view
+            self._child_seen.setdefault(key, {})[ck] = self._events
         return key
 
     def _apply_pod(self, key: Key, event_type: str | None, view: PodView) -> None:
         if event_type == "DELETED":
             _drop(self._pods, key, view.uid)
-            self._bury(key, view)  # a tombstone, which expires
+            _drop(self._pod_seen, key, view.uid)
+            self._bury(key, view)  # a tombstone, which expires (and keeps a stale LIST from bringing it back)
             return
-        pods = self._pods.setdefault(key, {})
-        old = pods.get(view.uid)
-        if old is None or view.resource_version >= old.resource_version:
-            pods[view.uid] = view
+        self._pods.setdefault(key, {})[view.uid] = view
+        self._pod_seen.setdefault(key, {})[view.uid] = self._events
 
     def _bury(self, key: Key, view: PodView) -> None:
         now = self._clock()
@@ -108,10 +123,10 @@ class ChildCache:
 
     # --- resync ---
 
-    def resync(self, kind: str, items: Iterable[Listed], list_rv: int, scope: Iterable[str] | None = None) -> set[Key]:
-        """Replace what a LIST at ``list_rv`` covers (all namespaces, or those in ``scope``) with its items (see
-        ``listed``); returns the jobs whose children changed. Objects newer than the LIST (seen by a watch
-        meanwhile) are kept."""
+    def resync(self, kind: str, items: Iterable[Listed], mark: int, scope: Iterable[str] | None = None) -> set[Key]:
+        """Replace what a LIST sent after ``mark`` covers (all namespaces, or those in ``scope``) with its items
+        (see ``listed``); returns the jobs whose children changed. Objects a watch event touched after the mark
+        keep the watch's version."""
         by_job: dict[Key, dict[str, Any]] = {}
         for key, view in items:
             by_job.setdefault(key, {})[view.uid] = view
@@ -121,45 +136,45 @@ class ChildCache:
         for key in set(store) | set(by_job):
             if namespaces is not None and key[0] not in namespaces:
                 continue
-            if self._resync_job(kind, key, by_job.get(key, {}), list_rv):
+            if self._resync_job(kind, key, by_job.get(key, {}), mark):
                 changed.add(key)
         return changed
 
-    def _resync_job(self, kind: str, key: Key, listed: Mapping[str, Any], list_rv: int) -> bool:
+    def _resync_job(self, kind: str, key: Key, listed: Mapping[str, Any], mark: int) -> bool:
         if kind == "Pod":
-            return self._resync_pods(key, listed, list_rv)
-        return self._resync_children(kind, key, listed, list_rv)
+            return self._resync_pods(key, listed, mark)
+        return self._resync_children(kind, key, listed, mark)
 
-    def _resync_pods(self, key: Key, listed: Mapping[str, PodView], list_rv: int) -> bool:
+    def _resync_pods(self, key: Key, listed: Mapping[str, PodView], mark: int) -> bool:
         changed = False
-        pods = self._pods.setdefault(key, {})
+        pods, seen = self._pods.setdefault(key, {}), self._pod_seen.setdefault(key, {})
         for uid, view in list(pods.items()):
-            if uid not in listed and view.resource_version <= list_rv:
+            if uid not in listed and seen.get(uid, 0) <= mark:
                 del pods[uid]
+                seen.pop(uid, None)
                 self._bury(key, view)  # deleted while no watch told us
                 changed = True
         tombs = self._tombs.get(key, {})
         for uid, view in listed.items():
-            old = pods.get(uid)
-            if uid in tombs or (old is not None and old.resource_version >= view.resource_version):
+            if uid in tombs or seen.get(uid, 0) > mark or pods.get(uid) == view:
                 continue
             pods[uid] = view
             changed = True
         return changed
 
-    def _resync_children(self, kind: str, key: Key, listed: Mapping[str, ChildView], list_rv: int) -> bool:
+    def _resync_children(self, kind: str, key: Key, listed: Mapping[str, ChildView], mark: int) -> bool:
         changed = False
-        group = self._children.setdefault(key, {})
+        group, seen = self._children.setdefault(key, {}), self._child_seen.setdefault(key, {})
         fresh = {(kind, v.name): v for v in listed.values()}
-        for ck, child in list(group.items()):
-            if ck[0] == kind and ck not in fresh and child.resource_version <= list_rv:
+        for ck in list(group):
+            if ck[0] == kind and ck not in fresh and seen.get(ck, 0) <= mark:
                 del group[ck]
                 changed = True
         for ck, new in fresh.items():
-            old = group.get(ck)
-            if old is None or old.uid != new.uid or new.resource_version > old.resource_version:
-                group[ck] = new
-                changed = True
+            if seen.get(ck, 0) > mark or group.get(ck) == new:
+                continue
+            group[ck] = new
+            changed = True
         return changed
 
     # --- reads ---
@@ -176,9 +191,8 @@ class ChildCache:
 
     def forget(self, key: Key) -> None:
         """The job is gone: drop everything about it."""
-        self._pods.pop(key, None)
-        self._tombs.pop(key, None)
-        self._children.pop(key, None)
+        for store in (self._pods, self._tombs, self._children, self._pod_seen, self._child_seen):
+            store.pop(key, None)
 
 
 def _drop(store: dict[Key, dict[Any, Any]], key: Key, item: Any) -> None:

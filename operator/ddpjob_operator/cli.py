@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from ddpjob_operator import ratelimit
+from ddpjob_operator import leader, names, ratelimit
 
 app = typer.Typer(no_args_is_help=True, help="ddpjob: fault-tolerant PyTorch DDP training on Kubernetes.")
 
@@ -35,6 +35,26 @@ def operator(
     api_burst: Annotated[
         int, typer.Option(envvar="DDPJOB_API_BURST", help="API requests that may go at once before --api-qps applies.")
     ] = ratelimit.DEFAULT_BURST,
+    leader_elect: Annotated[
+        bool, typer.Option(help="Run as one of several replicas: reconcile only while holding the leader Lease "
+                           "(coordination.k8s.io), wait as a standby otherwise.")
+    ] = False,
+    leader_election_namespace: Annotated[
+        str | None, typer.Option(help="Namespace of the leader Lease (default: the operator's own in a pod, else "
+                                 "'default').")
+    ] = None,
+    leader_election_lease: Annotated[
+        str, typer.Option(help="Name of the leader Lease: replicas that share it elect one leader.")
+    ] = names.LEADER_LEASE,
+    lease_duration: Annotated[
+        float, typer.Option(help="Seconds a standby waits on an unrenewed Lease before it takes over.")
+    ] = leader.DEFAULT_TIMING.lease,
+    renew_deadline: Annotated[
+        float, typer.Option(help="Seconds a leader may fail to renew before it stops (less than --lease-duration).")
+    ] = leader.DEFAULT_TIMING.renew_deadline,
+    retry_period: Annotated[
+        float, typer.Option(help="Seconds between renewals, and between a standby's tries.")
+    ] = leader.DEFAULT_TIMING.retry,
 ) -> None:
     """Run the ddpjob operator against the current kubeconfig (or in-cluster config)."""
     # kopf imports the kubernetes client whenever it is installed, only to recognise its model objects, which the
@@ -49,9 +69,19 @@ def operator(
         ratelimit.configure(api_qps, api_burst)
     except ValueError as err:
         raise typer.BadParameter(str(err)) from err
+    election = None
+    if leader_elect:
+        from ddpjob_operator import leader_io
+        from ddpjob_operator.main import Election
+
+        timing = leader.Timing(lease=lease_duration, renew_deadline=renew_deadline, retry=retry_period)
+        if (problem := timing.error()) is not None:
+            raise typer.BadParameter(f"{problem} (--retry-period, --renew-deadline, --lease-duration)")
+        election = Election(namespace=leader_election_namespace or leader_io.default_namespace(),
+                            name=leader_election_lease, timing=timing)
 
     raise typer.Exit(run_operator(namespaces=namespace or [], metrics_port=metrics_port, liveness_port=liveness_port,
-                                  resync_seconds=resync_seconds))
+                                  resync_seconds=resync_seconds, election=election))
 
 
 @app.command()

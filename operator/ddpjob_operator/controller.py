@@ -24,7 +24,7 @@ from ddpjob_operator.cache import ChildCache, Key
 from ddpjob_operator.identity import WorkerIdentity
 from ddpjob_operator.kube import Kube, NamespaceTerminating, Rejected
 from ddpjob_operator.memory import JobMemory, backoff
-from ddpjob_operator.observed import PodView, count, truncate
+from ddpjob_operator.observed import PodView, truncate
 from ddpjob_operator.policies import status_writes
 from ddpjob_operator.spec import QUEUE_LABEL, InvalidSpec, parse_ddpjob
 from ddpjob_operator.workqueue import WorkQueue
@@ -57,8 +57,9 @@ def _observe_kueue(old: Mapping[str, Any], new: Mapping[str, Any], now: datetime
         metrics.KUEUE_PREEMPTIONS.labels(reason=evicted).inc()
 
 
-def _rv(body: Mapping[str, Any]) -> int:
-    return count((body.get("metadata") or {}).get("resourceVersion"))
+def _rv(body: Mapping[str, Any]) -> str:
+    """The body's resourceVersion: opaque, compared for equality only (API conventions)."""
+    return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
 
 def _kept(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -85,6 +86,7 @@ class Controller:
         self.resync_seconds = resync.DEFAULT_RESYNC_SECONDS
         self._workers: list[asyncio.Task[None]] = []
         self._synced: asyncio.Event | None = None
+        self._events = 0  # job watch events and status writes so far: marks for the resync (job_seen)
 
     def start(self, kube: Kube) -> None:
         """Start the workers, the resync and the pods' watch (once), inside a kopf handler's context so kopf.event()
@@ -109,8 +111,15 @@ class Controller:
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers = []
 
-    def job_seen(self, event_type: str | None, body: Mapping[str, Any]) -> None:
-        """Record the latest body of a DDPJob from its watch stream and enqueue a pass."""
+    def mark(self) -> int:
+        """Where the jobs' watch events and status writes stand now: a resync takes it before its LIST."""
+        return self._events
+
+    def job_seen(self, event_type: str | None, body: Mapping[str, Any], listed_after: int | None = None) -> None:
+        """Record the latest body of a DDPJob from its watch stream (or a resync's LIST sent after the mark
+        ``listed_after``) and enqueue a pass. Which body is newest is decided by arrival, never by comparing
+        resourceVersions: the watch delivers a job's versions in order, and the answer of our own status write
+        is newer than every event the watch delivered before it echoed that write."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
@@ -121,15 +130,33 @@ class Controller:
             return
         mem = self.jobs.get(key)
         rv = _rv(body)
+        if listed_after is None:
+            self._events += 1
         if mem is None or mem.body["metadata"].get("uid") != meta.get("uid"):
-            self.jobs[key] = JobMemory(body=_kept(body), resource_version=rv)
-        elif rv == mem.resource_version and event_type == "MODIFIED":
+            self.jobs[key] = JobMemory(body=_kept(body), resource_version=rv, touched=self._events)
+        elif listed_after is not None:
+            if mem.touched <= listed_after:  # nothing arrived since the LIST was sent: it is the newest
+                mem.take(_kept(body), rv, self._events)
+        elif event_type == "MODIFIED" and rv == mem.resource_version:
             # The echo of our own status write, whose answer the pass already kept: nothing new to plan (every
             # change of a child enqueues its own pass). A listing or the resync always plans.
+            mem.awaiting = None
             return
-        elif rv > mem.resource_version:  # never go back to a body older than our own status write
-            mem.body, mem.resource_version = _kept(body), rv
+        else:
+            if mem.in_flight is not None:
+                mem.in_flight.append(rv)
+            # While our own write's echo is awaited, a watch event is older than that write: never go back to it.
+            if mem.awaiting is None or event_type != "MODIFIED":
+                mem.take(_kept(body), rv, self._events)
         self.queue.add(key)
+
+    def _written(self, mem: JobMemory, fresh: Mapping[str, Any], delivered: list[str]) -> None:
+        """Keep our status write's answer, unless the watch delivered that write (and maybe newer) already."""
+        rv = _rv(fresh)
+        self._events += 1
+        if rv not in delivered:
+            mem.take(_kept(fresh), rv, self._events)
+            mem.awaiting = rv
 
     def child_seen(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A watch event of a child (pod, Service, ...): update the cache and enqueue its job's pass."""
@@ -152,12 +179,12 @@ class Controller:
         """After a resync: check the namespaces' worker identity again (someone may have deleted it)."""
         self.identity.forget()
 
-    def forget_unlisted(self, listed: set[Key], list_rv: int, scope: Iterable[str] | None) -> None:
-        """After a LIST of DDPJobs (whose bodies went through ``job_seen``): forget jobs deleted while the watch
-        was down."""
+    def forget_unlisted(self, listed: set[Key], mark: int, scope: Iterable[str] | None) -> None:
+        """After a LIST of DDPJobs sent after ``mark`` (whose bodies went through ``job_seen``): forget jobs
+        deleted while the watch was down (not those a watch event announced after the mark)."""
         namespaces = set(scope) if scope is not None else None
         for key, mem in list(self.jobs.items()):
-            if key not in listed and mem.resource_version <= list_rv and (namespaces is None or key[0] in namespaces):
+            if key not in listed and mem.touched <= mark and (namespaces is None or key[0] in namespaces):
                 log.info("job=%s/%s is gone (resync); forgetting it", *key)
                 self.job_seen("DELETED", mem.body)
 
@@ -232,9 +259,13 @@ class Controller:
         self._log(key, plan)
         mem.routine_since = (mem.routine_since or now) if plan.status_held else None
         if plan.patch:
-            fresh = await self.kube.patch_status(key[0], key[1], plan.patch)
-            if fresh and _rv(fresh) >= mem.resource_version:
-                mem.body, mem.resource_version = _kept(fresh), _rv(fresh)
+            mem.in_flight = []
+            try:
+                fresh = await self.kube.patch_status(key[0], key[1], plan.patch)
+            finally:
+                mem.in_flight, delivered = None, mem.in_flight
+            if fresh:
+                self._written(mem, fresh, delivered or [])
             if plan.status.get("state") == st.RUNNING and _first_start(body.get("status") or {}):
                 self._observe_time_to_running(body, now)
             _observe_kueue(body.get("status") or {}, plan.status, now)

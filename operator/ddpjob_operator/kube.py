@@ -24,7 +24,7 @@ from urllib.parse import urlencode
 import aiohttp
 import kopf
 
-from ddpjob_operator import metrics, ratelimit
+from ddpjob_operator import leader, metrics, ratelimit
 from ddpjob_operator.compat import kopf_api, kopf_errors
 from ddpjob_operator.names import FIELD_MANAGER
 from ddpjob_operator.policies.children import Problem
@@ -207,6 +207,9 @@ class Kube:
         """One request, after the rate limit (ratelimit.py). ``retries``: kopf's retries of 5xx, 429, 403 and
         broken connections inside the call; a create goes without them, so a refusal (quota, PodSecurity) is one
         request and reaches the planner at once, and anything else fails the pass, which the queue retries."""
+        if method != "get" and not leader.may_write():
+            # Past the renew deadline another replica may lead: its writes, not this one's (leader.py).
+            raise kopf.TemporaryError(f"{method.upper()} {url}: not the leader (lease not renewed)", delay=5)
         headers = {"Content-Type": content_type} if content_type else None
         code = 0
         try:
@@ -273,18 +276,15 @@ class Kube:
 
     async def pages(
         self, api_version: str, kind: str, namespace: str | None, label_selector: str
-    ) -> AsyncIterator[tuple[list[Obj], int]]:
-        """Every object of ``kind`` matching the selector, one page at a time, each with the list's
-        resourceVersion (the same for all pages of one list). The caller keeps what it needs of a page before
-        asking for the next, so a LIST of thousands of pods is never held whole."""
-        token, rv = "", 0
+    ) -> AsyncIterator[list[Obj]]:
+        """Every object of ``kind`` matching the selector, one page at a time. The caller keeps what it needs of
+        a page before asking for the next, so a LIST of thousands of pods is never held whole."""
+        token = ""
         while True:
             query = {"labelSelector": label_selector, "limit": str(LIST_PAGE), **({"continue": token} if token else {})}
             page = await self._call("get", f"{collection_url(api_version, kind, namespace)}?{urlencode(query)}")
-            meta = page.get("metadata") or {}
-            rv = rv or int(str(meta.get("resourceVersion") or "0") or 0)
-            token = str(meta.get("continue") or "")
-            yield page.get("items") or [], rv
+            token = str((page.get("metadata") or {}).get("continue") or "")
+            yield page.get("items") or []
             if not token:
                 return
 

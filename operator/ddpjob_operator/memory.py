@@ -29,7 +29,14 @@ class JobMemory:
     """One job's memory in this operator process."""
 
     body: dict[str, Any]
-    resource_version: int = 0
+    resource_version: str = ""
+    """The body's resourceVersion: opaque, compared for equality only."""
+    touched: int = 0
+    """The controller's event count when a watch event or our own write last changed ``body``."""
+    awaiting: str | None = None
+    """The resourceVersion of our last status write until the watch echoes it (events before it are older)."""
+    in_flight: list[str] | None = None
+    """While a status write is in flight: the resourceVersions the watch delivered meanwhile."""
     restarts_floor: int = 0
     incidents_floor: int = 0
     expected: dict[str, tuple[PodView, float]] = dataclasses.field(default_factory=dict)
@@ -55,6 +62,10 @@ class JobMemory:
     """When a pass first held back a routine status change that is not written yet (status_writes)."""
     last_valid_spec: dict[str, Any] | None = None
     """The job's last spec that parsed (a running job goes on with it after an invalid edit)."""
+
+    def take(self, body: dict[str, Any], resource_version: str, events: int) -> None:
+        """``body`` is the newest version now."""
+        self.body, self.resource_version, self.touched, self.awaiting = body, resource_version, events, None
 
     def observed_pods(self, cached: list[PodView], now: float) -> list[PodView]:
         """The cache's pods, plus pods we created that it has not delivered yet, minus pods we force-deleted and

@@ -18,6 +18,8 @@ RECONCILE_DURATION = Histogram(
     "Wall time of one reconcile pass (read, plan, apply, status write)",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+LEADER = Gauge("ddpjob_operator_leader", "1 while this replica holds the leader Lease and reconciles (always 1 "
+               "without leader election), 0 while it waits as a standby")
 JOBS = Gauge("ddpjob_jobs", "DDPJobs known to this operator, by state", ["state"])
 PODS_CREATED = Counter("ddpjob_pods_created", "Pods the operator created", ["type"])
 API_REQUESTS = Counter("ddpjob_api_requests", "API requests the operator made, each retry counted, by verb, "

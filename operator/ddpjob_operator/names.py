@@ -17,6 +17,8 @@ TYPE_RENDEZVOUS = "rendezvous"
 
 #: The field manager of the operator's writes (`kubectl get --show-managed-fields` names it).
 FIELD_MANAGER = "ddpjob-operator"
+#: The coordination Lease the operator's replicas elect their leader with (in the operator's namespace).
+LEADER_LEASE = "ddpjob-operator"
 #: The workers' ServiceAccount, and its Role and RoleBinding: one per namespace, shared by every job there
 #: (rank 0 patches its job's status.progress with it). Per job, the three cost 3 of ~17 API requests per job.
 WORKER_SERVICE_ACCOUNT = "ddpjob-worker"

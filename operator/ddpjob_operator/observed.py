@@ -32,8 +32,8 @@ def format_time(value: datetime) -> str:
 
 
 def count(value: Any) -> int:
-    """A non-negative integer the API server or a label carries as text (resourceVersion, generation labels);
-    0 when it is missing or not a number."""
+    """A non-negative integer a label carries as text (generation labels); 0 when it is missing or not a number.
+    Never a resourceVersion: those are opaque."""
     text = str(value or "0")
     return int(text) if text.isdigit() else 0
 
@@ -86,7 +86,7 @@ class PodView:
     """Reason of the pod's DisruptionTarget condition (EvictionByEvictionAPI, DeletionByTaintManager, ...)."""
     gone: bool = False
     """A tombstone: the API server deleted the pod; this is its last known state."""
-    resource_version: int = 0
+    resource_version: str = ""
     image: str = ""
     """The worker container's image (messages about an image that cannot run the runtime name it)."""
 
@@ -165,7 +165,7 @@ class PodView:
             waiting=_waiting(status, state),
             scheduled_at=parse_time(scheduled.get("lastTransitionTime")),
             disruption=str(disruption.get("reason") or ""),
-            resource_version=count(meta.get("resourceVersion")),
+            resource_version=str(meta.get("resourceVersion") or ""),
             image=_worker_image(spec),
         )
 
@@ -209,7 +209,7 @@ class ChildView:
     owner_uid: str | None = None
     job_label: str = ""
     deleting: bool = False
-    resource_version: int = 0
+    resource_version: str = ""
     workload: WorkloadView | None = None
     """A Kueue Workload's conditions and admission (None for every other kind)."""
 
@@ -224,6 +224,6 @@ class ChildView:
             owner_uid=controller_uid(meta),
             job_label=str((meta.get("labels") or {}).get(names.LABEL_JOB_NAME) or ""),
             deleting=bool(meta.get("deletionTimestamp")),
-            resource_version=count(meta.get("resourceVersion")),
+            resource_version=str(meta.get("resourceVersion") or ""),
             workload=WorkloadView.from_object(obj) if kind == WORKLOAD else None,
         )

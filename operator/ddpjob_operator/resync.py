@@ -35,52 +35,52 @@ def _skip_once(kind: str, err: Exception) -> None:
 class JobSink(Protocol):
     """What the resync feeds: the controller."""
 
-    def job_seen(self, event_type: str | None, body: Mapping[str, Any]) -> None: ...
+    def mark(self) -> int: ...
 
-    def forget_unlisted(self, listed: set[Key], list_rv: int, scope: Iterable[str] | None) -> None: ...
+    def job_seen(self, event_type: str | None, body: Mapping[str, Any], listed_after: int | None = None) -> None: ...
+
+    def forget_unlisted(self, listed: set[Key], mark: int, scope: Iterable[str] | None) -> None: ...
 
     def enqueue(self, keys: Iterable[Key]) -> None: ...
 
     def resynced(self) -> None: ...
 
 
-async def _list_children(kube: Kube, kind: str, ns: str | None) -> tuple[list[Listed], int]:
-    """Every child of ``kind`` in ``ns`` (all namespaces: None) as a view, and the LIST's resourceVersion; raw
-    items are dropped page by page."""
+async def _list_children(kube: Kube, kind: str, ns: str | None) -> list[Listed]:
+    """Every child of ``kind`` in ``ns`` (all namespaces: None) as a view; raw items are dropped page by page."""
     views: list[Listed] = []
-    rv = 0
-    async for page, page_rv in kube.pages(API_VERSIONS[kind], kind, ns, LABEL_JOB_NAME):
+    async for page in kube.pages(API_VERSIONS[kind], kind, ns, LABEL_JOB_NAME):
         views += [v for v in (listed(kind, obj) for obj in page) if v is not None]
-        rv = rv or page_rv  # the same for every page of one list
-    return views, rv
+    return views
 
 
 async def resync_once(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: list[str]) -> int:
     """One full resync; returns the number of jobs whose children changed. With watched namespaces, each one's
-    LIST corrects only that namespace, by that LIST's own resourceVersion: one cut-off for all (the largest) took
-    an object created in one namespace after its LIST, but before another namespace's, for deleted."""
+    LIST corrects only that namespace, from the mark taken right before it (cache.py: an object a watch delivered
+    after the mark is newer than the LIST): one cut-off for all namespaces took an object created in one namespace
+    after its LIST, but before another namespace's, for deleted."""
     scopes: list[str | None] = list(namespaces) if namespaces else [None]
     changed: set[Key] = set()
     for kind in API_VERSIONS:
         for ns in scopes:
+            mark = cache.mark()
             try:
-                views, rv = await _list_children(kube, kind, ns)
+                views = await _list_children(kube, kind, ns)
             except (kopf_errors.APINotFoundError, kopf_errors.APIForbiddenError) as err:
                 if kind not in OPTIONAL_KINDS:
                     raise
                 _skip_once(kind, err)
                 break
-            changed |= cache.resync(kind, views, rv, None if ns is None else [ns])
+            changed |= cache.resync(kind, views, mark, None if ns is None else [ns])
     for ns in scopes:
         jobs: set[Key] = set()
-        jobs_rv = 0
-        async for page, page_rv in kube.pages(API_VERSION, KIND, ns, ""):
+        mark = sink.mark()
+        async for page in kube.pages(API_VERSION, KIND, ns, ""):
             for body in page:  # learn missed jobs and pass every job, one page of bodies at a time
                 meta = body.get("metadata") or {}
                 jobs.add((str(meta.get("namespace") or ""), str(meta.get("name") or "")))
-                sink.job_seen("RESYNC", body)
-            jobs_rv = jobs_rv or page_rv
-        sink.forget_unlisted(jobs, jobs_rv, None if ns is None else [ns])
+                sink.job_seen("RESYNC", body, listed_after=mark)
+        sink.forget_unlisted(jobs, mark, None if ns is None else [ns])
     sink.resynced()
     sink.enqueue(changed)
     return len(changed)

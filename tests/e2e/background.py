@@ -68,6 +68,15 @@ def lanes(env: Env) -> list[Env]:
     return out
 
 
+def spare_nodes(cluster: Any) -> list[str]:
+    """The fault nodes no lane uses (the last ``len % LANE_NODES`` of them): no test takes them down."""
+    from tests.cluster import netnodes
+
+    names = cluster.kubectl("get", "nodes", "-l", f"{netnodes.LABEL}=true", "-o", "name").stdout.split()
+    names.sort(key=lambda n: int(n.rsplit("-", 1)[-1]) if n.rsplit("-", 1)[-1].isdigit() else 0)
+    return [n.removeprefix("node/") for n in names[len(names) // LANE_NODES * LANE_NODES:]]
+
+
 def pinned(env: Env) -> Env:
     """``env`` with its runs kept on node 0 when the cluster has nodes that tests take down (node 0 runs the
     operator and is never faulted); on any other cluster, as it is."""

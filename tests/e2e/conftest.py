@@ -16,10 +16,11 @@ from tests.conftest import Cluster, live_kubeconfig
 from tests.e2e.hostcheck import HostSnapshot
 
 REAL_NODE_LABEL = "ddpjob.io/real-node"
-#: Real nodes of the session's own cluster: node 0 for the operator and the runs that fault no node, and two lanes
+#: Real nodes of the session's own cluster: node 0 for the operator and the runs that fault no node, two lanes
 #: of three for the node-fault tests (tests/e2e/test_nodes.py: two workers on two nodes, a third for the
-#: replacement), so two of them run at once (tests/e2e/background.py).
-E2E_NODES = int(os.environ.get("DDPJOB_E2E_NODES", "7"))
+#: replacement), so two of them run at once (tests/e2e/background.py), and node 7 for the operator's second
+#: replica (a drain of the leader's node then leaves the standby running: tests/e2e/test_soak.py).
+E2E_NODES = int(os.environ.get("DDPJOB_E2E_NODES", "8"))
 
 
 @pytest.fixture(scope="session")
@@ -76,13 +77,31 @@ def env(cluster: Cluster) -> Iterator[Any]:
         t.import_images(cluster_dir, images)
     else:
         pytest.fail(f"no KUBECONFIG given and {cluster_dir} has no real node to import images into")
-    # Keep the operator on node 0 where there are more nodes: the node-fault tests take nodes 1.. down.
-    node0 = cluster.kubectl("get", "nodes", "-l", f"{REAL_NODE_LABEL}-index=0", "-o", "name").stdout.strip()
-    t.helm_install_operator(cluster, {f"{REAL_NODE_LABEL}-index": "0"} if node0 else None)
+    t.helm_install_operator(cluster, operator_affinity(cluster))
     try:
         yield Env(cluster, real_node_selector(cluster))
     finally:
         t.helm_uninstall_operator(cluster)
+
+
+def operator_affinity(cluster: Cluster) -> dict[str, Any] | None:
+    """Where the operator's two replicas run: off the nodes that tests take down (nodes 1.. of the local cluster),
+    on node 0 and, where the cluster has one, a spare fault node no lane uses, one replica on each (required:
+    nothing rolls the operator out in a session, which a third node would need). None on another cluster."""
+    from tests.e2e.background import spare_nodes
+
+    node0 = cluster.kubectl("get", "nodes", "-l", f"{REAL_NODE_LABEL}-index=0", "-o", "name").stdout.strip()
+    if not node0:
+        return None
+    hosts = [node0.removeprefix("node/"), *spare_nodes(cluster)[:1]]
+    affinity: dict[str, Any] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [
+            {"key": "kubernetes.io/hostname", "operator": "In", "values": hosts}]}]}}}
+    if len(hosts) > 1:
+        affinity["podAntiAffinity"] = {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/component": "operator"}}}]}
+    return affinity
 
 
 def _reference_run(env: Any) -> Any:

@@ -5,9 +5,13 @@ operator down while a worker is lost. Each fault names how many incidents the op
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from tests.conftest import Cluster, wait_for
 from tests.e2e import training as t
@@ -88,30 +92,90 @@ def lose_worker_while_operator_down(pod: str) -> Callable[[Cluster, str], None]:
     it although it never saw it go."""
     def inject(cluster: Cluster, ns: str) -> None:
         deploy = f"deployment/{t.RELEASE}"
+        replicas = cluster.kubectl("get", deploy, "-n", t.OPERATOR_NS, "-o", "jsonpath={.spec.replicas}").stdout
         cluster.kubectl("scale", deploy, "-n", t.OPERATOR_NS, "--replicas=0")
         wait_for(lambda: not operator_pods(cluster), timeout=90, describe="no operator pod")
         cluster.kubectl("delete", "pod", f"{JOB}-{pod}", "-n", ns, "--wait=true", "--timeout=120s")
-        cluster.kubectl("scale", deploy, "-n", t.OPERATOR_NS, "--replicas=1")
+        cluster.kubectl("scale", deploy, "-n", t.OPERATOR_NS, f"--replicas={replicas or 1}")
         cluster.kubectl("rollout", "status", deploy, "-n", t.OPERATOR_NS, "--timeout=120s")
     return inject
 
 
-#: The soak (tests/e2e/test_soak.py): 12 faults of 9 kinds after the trainer's own hang (the 13th, a 10th kind).
+#: Seconds from each leader kill to another replica holding the Lease (tests/e2e/test_soak.py prints them).
+TAKEOVERS: list[dict[str, Any]] = []
+
+
+def leader(cluster: Cluster) -> str:
+    """The holder identity of the operator's Lease ('' for none): the pod's name, '_', a per-process suffix."""
+    return cluster.kubectl("get", "lease", t.RELEASE, "-n", t.OPERATOR_NS, "-o", "jsonpath={.spec.holderIdentity}",
+                           check=False).stdout.strip()
+
+
+def kill9_operator(pod: str) -> int:
+    """SIGKILL the operator process of ``pod`` from the host (the real nodes' containers are this host's processes;
+    inside the container it is PID 1, which ignores a SIGKILL sent from its own PID namespace)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            env = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"operator" in argv and any(a.endswith(b"ddpjob") for a in argv[:2]) and f"HOSTNAME={pod}".encode() in env:
+            os.kill(int(proc.name), signal.SIGKILL)
+            return int(proc.name)
+    raise AssertionError(f"no process of operator pod {pod} on this host (kill -9 of the leader needs the real "
+                         "nodes of tests/cluster, or a kind cluster on this host)")
+
+
+def kill9_leader(then: Callable[[Cluster, str], None] | None = None, *, graceful: bool = False
+                 ) -> Callable[[Cluster, str], None]:
+    """The leading operator replica dies: kill -9 of its process (no Lease release: a standby waits the lease
+    duration), or with ``graceful`` its pod deleted (SIGTERM: it releases the Lease). ``then``: a fault injected
+    right after, which the replica that takes over must handle."""
+    def inject(cluster: Cluster, ns: str) -> None:
+        holder = wait_for(lambda: leader(cluster) or None, timeout=60, describe="an operator leader")
+        pod = holder.rpartition("_")[0]
+        at = time.time()
+        if graceful:
+            cluster.kubectl("delete", "pod", pod, "-n", t.OPERATOR_NS, "--wait=false")
+        else:
+            t.log(f"kill -9 of the leading operator {pod}: pid {kill9_operator(pod)}")
+        if then is not None:
+            then(cluster, ns)
+        new = wait_for(lambda: (h := leader(cluster)) and h != holder and h, timeout=90, interval=0.2,
+                       describe="another operator replica leading")
+        took = round(time.time() - at, 1)
+        TAKEOVERS.append({"how": "pod deleted" if graceful else "kill -9", "seconds": took, "from": holder,
+                          "to": new})
+        t.log(f"operator takeover: {holder} -> {new} in {took}s ({'pod deleted' if graceful else 'kill -9'})")
+    return inject
+
+
+#: The soak (tests/e2e/test_soak.py): 12 faults of 10 kinds after the trainer's own hang (the 13th, an 11th kind).
+#: The operator runs two replicas (the chart's default); its leader is taken down 5 times, 4 of them together with
+#: a fault of the job that the replica taking over must handle.
 SOAK = [
     Fault("kill -9 of the trainer in worker-1", "kill -9", kill9(1), 0),
     Fault("delete the rendezvous pod", "rendezvous lost", delete("rdzv"), 1),
-    Fault("delete worker-1", "pod deleted", delete("worker-1"), 1),
+    Fault("kill -9 of the leading operator, then delete worker-1", "pod deleted, leader killed",
+          kill9_leader(delete("worker-1")), 1),
     Fault("delete the Service, then worker-0 (no operator restart)", "Service + pod deleted",
           delete_service_then("worker-0"), 1),
-    Fault("delete the operator's pod", "operator pod deleted", delete_operator, 0),
+    Fault("delete the leading operator's pod (Lease released)", "leader pod deleted",
+          kill9_leader(graceful=True), 0),
     Fault("delete the rendezvous pod", "rendezvous lost", delete("rdzv"), 1),
     Fault("evict worker-0 (Eviction API, as kubectl drain)", "pod evicted", evict("worker-0"), 1),
-    Fault("kill -9 of the trainer in worker-0", "kill -9", kill9(0), 0),
+    Fault("kill -9 of the leading operator and of the trainer in worker-0", "kill -9, leader killed",
+          kill9_leader(kill9(0)), 0),
     Fault("force-delete worker-1 (grace 0)", "pod force-deleted", delete("worker-1", force=True), 1),
-    Fault("delete the rendezvous pod", "rendezvous lost", delete("rdzv"), 1),
+    Fault("kill -9 of the leading operator, then delete the rendezvous pod", "rendezvous lost, leader killed",
+          kill9_leader(delete("rdzv")), 1),
     Fault("operator down while worker-1 is deleted", "pod lost, operator down",
           lose_worker_while_operator_down("worker-1"), 1),
-    Fault("delete worker-0", "pod deleted", delete("worker-0"), 1),
+    Fault("kill -9 of the leading operator, then delete worker-0", "pod deleted, leader killed",
+          kill9_leader(delete("worker-0")), 1),
 ]
 
 

@@ -149,13 +149,13 @@ def import_images(cluster_dir: Path, images: list[str]) -> None:
 
 # --- operator -----------------------------------------------------------------------------------------------------
 
-def helm_install_operator(cluster: Cluster, node_selector: dict[str, str] | None = None) -> None:
+def helm_install_operator(cluster: Cluster, affinity: dict[str, Any] | None = None) -> None:
     """`helm upgrade --install` the chart with the local operator image and wait for its Deployment;
-    ``node_selector`` keeps the operator off nodes that tests take down."""
+    ``affinity`` keeps the operator off nodes that tests take down."""
     repo, _, tag = OPERATOR_IMAGE.rpartition(":")
     runtime_repo, _, runtime_tag = RUNTIME_IMAGE.rpartition(":")
     t0 = time.monotonic()
-    pin = ["--set-json", f"nodeSelector={json.dumps(node_selector)}"] if node_selector else []
+    pin = ["--set-json", f"affinity={json.dumps(affinity)}"] if affinity else []
     proc = subprocess.run(
         [helm(), "upgrade", "--install", RELEASE, str(CHART), "--kubeconfig", str(cluster.kubeconfig),
          "-n", OPERATOR_NS, "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",

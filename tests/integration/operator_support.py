@@ -25,11 +25,15 @@ EXAMPLES = REPO / "manifests" / "examples"
 class OperatorProcess:
     """`ddpjob operator -n <namespace>` started as a real process, so tests can SIGKILL and restart it."""
 
-    def __init__(self, cluster: Cluster, namespace: str, log_dir: Path, resync_seconds: float = 60) -> None:
+    def __init__(self, cluster: Cluster, namespace: str | list[str], log_dir: Path, resync_seconds: float = 60,
+                 extra_args: tuple[str, ...] = (), name: str = "", kubeconfig: Path | None = None) -> None:
         self.cluster = cluster
+        self.kubeconfig = kubeconfig or cluster.kubeconfig
         self.resync_seconds = resync_seconds
-        self.namespace = namespace
-        self.log_path = log_dir / f"operator-{namespace}.log"
+        self.namespaces = [namespace] if isinstance(namespace, str) else list(namespace)
+        self.namespace = self.namespaces[0]
+        self.extra_args = extra_args
+        self.log_path = log_dir / f"operator-{self.namespace}{name and '-' + name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
         self.metrics_port = 0
         self.liveness_port = 0
@@ -37,14 +41,15 @@ class OperatorProcess:
 
     def start(self) -> None:
         self.metrics_port, self.liveness_port = free_port(), free_port()
-        env = {**os.environ, "KUBECONFIG": str(self.cluster.kubeconfig), "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig), "PYTHONUNBUFFERED": "1"}
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
         log.write(f"\n===== operator start #{self.starts + 1} =====\n".encode())
         log.flush()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ddpjob_operator.cli", "operator", "--namespace", self.namespace,
+            [sys.executable, "-m", "ddpjob_operator.cli", "operator",
+             *[arg for ns in self.namespaces for arg in ("--namespace", ns)],
              "--metrics-port", str(self.metrics_port), "--liveness-port", str(self.liveness_port),
-             "--resync-seconds", str(self.resync_seconds)],
+             "--resync-seconds", str(self.resync_seconds), *self.extra_args],
             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
         )
         log.close()
@@ -56,6 +61,10 @@ class OperatorProcess:
             raise AssertionError(f"operator exited ({self.proc and self.proc.returncode}):\n{self.tail()}")
         with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2) as resp:
             return bool(resp.status == 200)
+
+    def leading(self) -> bool:
+        """Whether this replica holds the leader Lease (its ddpjob_operator_leader gauge)."""
+        return "ddpjob_operator_leader 1.0" in self.metrics()
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as resp:

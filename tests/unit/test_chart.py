@@ -78,7 +78,8 @@ def test_default_render_has_the_expected_objects(render: Render) -> None:
     objs = render()
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
-                            "ClusterRoleBinding", "Service", "Deployment"])
+                            "ClusterRoleBinding", "Service", "Deployment", "Role", "RoleBinding",
+                            "PodDisruptionBudget"])
     for o in objs:
         labels = o["metadata"]["labels"]
         for key in ("name", "instance", "version", "managed-by", "component", "part-of"):
@@ -87,18 +88,19 @@ def test_default_render_has_the_expected_objects(render: Render) -> None:
             assert o["metadata"]["namespace"] == "ddpjob-system"
 
 
-def test_deployment_runs_one_operator_with_probe_and_resources(render: Render) -> None:
+def test_deployment_runs_the_operator_with_probe_and_resources(render: Render) -> None:
     objs = render()
     dep = one(objs, "Deployment")
-    assert dep["spec"]["replicas"] == 1
-    assert dep["spec"]["strategy"] == {"type": "Recreate"}
+    assert dep["spec"]["replicas"] == 2
     pod = dep["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == one(objs, "ServiceAccount")["metadata"]["name"]
     c = container(objs)
     assert c["image"] == "ddpjob-operator:0.1.0"
     assert c["command"] == ["ddpjob"]
     assert c["args"] == ["operator", "--metrics-port=8080", "--liveness-port=8081", "--resync-seconds=60",
-                         "--api-qps=300", "--api-burst=600", "--runtime-image=ddpjob-runtime:0.1.0"]
+                         "--api-qps=300", "--api-burst=600", "--runtime-image=ddpjob-runtime:0.1.0", "--leader-elect",
+                         "--leader-election-lease=ddpjob-operator", "--lease-duration=15", "--renew-deadline=10",
+                         "--retry-period=2"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports == {"metrics": 8080, "healthz": 8081}
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
@@ -138,7 +140,8 @@ def test_cluster_wide_rbac_is_exactly_what_the_operator_needs(render: Render) ->
 
 
 def test_watch_namespaces_uses_roles_and_namespace_flags(render: Render) -> None:
-    objs = render("watchNamespaces={team-a,team-b}")
+    objs = [o for o in render("watchNamespaces={team-a,team-b}")
+            if not o["metadata"]["name"].endswith("-leader-election")]  # the Lease's Role: its own test
     roles = by_kind(objs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for r in roles:
@@ -174,7 +177,34 @@ def test_optional_pieces(render: Render) -> None:
     objs = render("serviceAccount.create=false", "serviceAccount.name=existing")
     assert not by_kind(objs, "ServiceAccount")
     assert one(objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
-    assert by_kind(render("rbac.leases=true"), "ClusterRole")[0]["rules"][-2]["resources"] == ["leases"]
+
+
+def test_two_replicas_elect_a_leader_over_their_own_lease(render: Render) -> None:
+    objs = render()
+    deploy = one(objs, "Deployment")
+    args = container(objs)["args"]
+    assert deploy["spec"]["replicas"] == 2 and deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "--leader-elect" in args and "--leader-election-lease=ddpjob-operator" in args
+    assert {"--lease-duration=15", "--renew-deadline=10", "--retry-period=2"} <= set(args)
+    role = next(r for r in by_kind(objs, "Role") if r["metadata"]["name"].endswith("-leader-election"))
+    assert role["metadata"]["namespace"] == "ddpjob-system"
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["ddpjob-operator"],
+         "verbs": ["get", "update"]}]
+    assert one(objs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    anti = deploy["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["topologyKey"] == \
+        "kubernetes.io/hostname"
+    # Without leader election: one replica, Recreate, no Lease, no budget; two replicas refused.
+    single = render("leaderElection.enabled=false", "replicaCount=1")
+    assert one(single, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
+    assert "--leader-elect" not in container(single)["args"]
+    assert not by_kind(single, "PodDisruptionBudget") and not [
+        r for r in by_kind(single, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        render("leaderElection.enabled=false")
+    assert "needs leaderElection.enabled=true" in refused.value.stderr
 
 
 @pytest.mark.parametrize("bad", [

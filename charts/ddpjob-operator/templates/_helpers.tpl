@@ -138,10 +138,4 @@ The rules the operator needs in a namespace where it manages DDPJobs. One list, 
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-{{- if .Values.rbac.leases }}
-# Leader election leases (optional; the operator runs as a single replica).
-- apiGroups: ["coordination.k8s.io"]
-  resources: ["leases"]
-  verbs: ["get", "create", "update"]
-{{- end }}
 {{- end }}

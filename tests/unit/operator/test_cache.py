@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from ddpjob_operator.cache import ChildCache, listed
@@ -9,8 +10,8 @@ from ddpjob_operator.cache import ChildCache, listed
 from .factories import make_job, pod_obj
 
 
-def _with_rv(obj: dict[str, Any], rv: int) -> dict[str, Any]:
-    obj["metadata"]["resourceVersion"] = str(rv)
+def _with_rv(obj: dict[str, Any], rv: str) -> dict[str, Any]:
+    obj["metadata"]["resourceVersion"] = rv  # opaque: the cache never orders them
     return obj
 
 
@@ -24,12 +25,13 @@ def test_listed_keeps_only_labelled_items_as_views() -> None:
 
 def test_resync_buries_what_the_list_lacks_and_keeps_what_a_watch_saw_later() -> None:
     job = make_job().obj()
-    gone, later, fresh = (_with_rv(pod_obj(job, i), rv) for i, rv in ((0, 5), (1, 20), (2, 7)))
+    gone, later, fresh = (_with_rv(pod_obj(job, i), rv) for i, rv in ((0, "zz"), (1, "aa"), (2, "m")))
     cache = ChildCache(clock=lambda: 0.0)
     cache.apply("Pod", "ADDED", gone)
-    cache.apply("Pod", "ADDED", later)  # seen by a watch after the LIST's resourceVersion (10)
+    mark = cache.mark()  # the LIST is sent now
+    cache.apply("Pod", "ADDED", later)  # seen by a watch after the LIST was sent
     items = [v for v in (listed("Pod", fresh),) if v is not None]
-    changed = cache.resync("Pod", items, 10, scope=["ns"])
+    changed = cache.resync("Pod", items, mark, scope=["ns"])
     assert changed == {("ns", "job")}
     by_name = {p.name: p for p in cache.pods(("ns", "job"))}
     assert by_name[gone["metadata"]["name"]].gone, "deleted while no watch told us: a tombstone"
@@ -37,16 +39,44 @@ def test_resync_buries_what_the_list_lacks_and_keeps_what_a_watch_saw_later() ->
     assert not by_name[fresh["metadata"]["name"]].gone
 
 
+def test_a_list_item_replaces_a_version_seen_before_the_list_but_not_one_seen_after() -> None:
+    job = make_job().obj()
+    before, after = _with_rv(pod_obj(job, 0), "b"), _with_rv(pod_obj(job, 1), "b")
+    cache = ChildCache(clock=lambda: 0.0)
+    cache.apply("Pod", "ADDED", before)
+    mark = cache.mark()
+    cache.apply("Pod", "MODIFIED", _with_rv(copy.deepcopy(after), "c"))  # after the LIST was sent: newer
+    listed_before, listed_after = copy.deepcopy(before), copy.deepcopy(after)
+    listed_before["status"]["phase"] = listed_after["status"]["phase"] = "Failed"
+    items = [v for v in (listed("Pod", _with_rv(listed_before, "a")), listed("Pod", _with_rv(listed_after, "a")))
+             if v is not None]
+    cache.resync("Pod", items, mark, scope=["ns"])
+    phases = {p.name: p.phase for p in cache.pods(("ns", "job"))}
+    assert phases == {before["metadata"]["name"]: "Failed", after["metadata"]["name"]: "Running"}
+
+
+def test_a_child_deleted_after_the_list_was_sent_does_not_come_back() -> None:
+    child = {"metadata": {"name": "job", "namespace": "ns", "uid": "s1", "resourceVersion": "q",
+                          "labels": {"ddpjob.io/job-name": "job"}}}
+    cache = ChildCache()
+    cache.apply("Service", "ADDED", child)
+    mark = cache.mark()
+    cache.apply("Service", "DELETED", child)
+    items = [v for v in (listed("Service", child),) if v is not None]
+    cache.resync("Service", items, mark)
+    assert cache.children(("ns", "job")) == {}
+
+
 def test_resync_replaces_children_of_the_listed_kind_only() -> None:
-    def child(name: str, uid: str, rv: int) -> dict[str, Any]:
-        return {"metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": str(rv),
+    def child(name: str, uid: str, rv: str) -> dict[str, Any]:
+        return {"metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": rv,
                              "labels": {"ddpjob.io/job-name": "job"}}}
 
     cache = ChildCache()
-    cache.apply("Service", "ADDED", child("job", "s1", 3))
-    cache.apply("Role", "ADDED", child("job-worker", "r1", 3))
-    items = [v for v in (listed("Service", child("job", "s2", 8)),) if v is not None]
-    assert cache.resync("Service", items, 9) == {("ns", "job")}
+    cache.apply("Service", "ADDED", child("job", "s1", "x3"))
+    cache.apply("Role", "ADDED", child("job-worker", "r1", "x3"))
+    items = [v for v in (listed("Service", child("job", "s2", "x8")),) if v is not None]
+    assert cache.resync("Service", items, cache.mark()) == {("ns", "job")}
     kids = cache.children(("ns", "job"))
     assert kids[("Service", "job")].uid == "s2", "recreated while no watch told us"
     assert ("Role", "job-worker") in kids, "a LIST of Services says nothing about Roles"

@@ -248,14 +248,48 @@ def test_kept_body_drops_managed_fields_only() -> None:
     assert "managedFields" in job["metadata"], "the watch's body is not modified"
 
 
-def test_resync_forgets_jobs_the_list_lacks_unless_newer_than_it() -> None:
+def test_resync_forgets_jobs_the_list_lacks_unless_a_watch_saw_them_after_it_was_sent() -> None:
     c = ctl.Controller()
     old, new = make_job("old").obj(), make_job("new").obj()
-    old["metadata"]["resourceVersion"], new["metadata"]["resourceVersion"] = "5", "50"
+    old["metadata"]["resourceVersion"], new["metadata"]["resourceVersion"] = "z", "a"  # opaque: never ordered
     c.job_seen(None, old)
+    mark = c.mark()
     c.job_seen(None, new)
-    c.forget_unlisted(set(), 10, ["ns"])
+    c.forget_unlisted(set(), mark, ["ns"])
     assert set(c.jobs) == {("ns", "new")}
+
+
+def test_a_body_older_than_our_own_status_write_never_replaces_it() -> None:
+    """The watch delivers a job's versions in order: until it echoes our write, what it delivers is older."""
+    c = ctl.Controller()
+    job = make_job().obj()
+    job["metadata"]["resourceVersion"] = "k1"
+    c.job_seen(None, job)
+    mem = c.jobs[("ns", "job")]
+    written = copy.deepcopy(job)
+    written["metadata"]["resourceVersion"], written["status"] = "k9", {"incidentCount": 3}
+    c._written(mem, written, [])
+    stale = copy.deepcopy(job)
+    stale["metadata"]["resourceVersion"] = "k5"  # someone's change before our write, delivered late
+    c.job_seen("MODIFIED", stale)
+    assert mem.body["status"] == {"incidentCount": 3}
+    c.job_seen("MODIFIED", written)  # the echo
+    newer = copy.deepcopy(written)
+    newer["metadata"]["resourceVersion"], newer["status"]["progress"] = "k2", {"globalStep": 7}
+    c.job_seen("MODIFIED", newer)
+    assert mem.body["status"]["progress"] == {"globalStep": 7}, "after the echo, the watch is newest again"
+    # The echo came before the write's answer: the watch's newer body stays.
+    mem.in_flight = []
+    c.job_seen("MODIFIED", _rv(newer, "k3"))
+    c.job_seen("MODIFIED", _rv(newer, "k4"))
+    c._written(mem, _rv(newer, "k3"), ["k3", "k4"])
+    assert mem.resource_version == "k4"
+
+
+def _rv(body: dict[str, Any], rv: str) -> dict[str, Any]:
+    out = copy.deepcopy(body)
+    out["metadata"]["resourceVersion"] = rv
+    return out
 
 
 @pytest.mark.parametrize(("message", "reason", "fix"), [

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
 from ddpjob_operator import controller as ctl
@@ -23,10 +23,10 @@ class PagedKube:
         self.pages_read = 0
 
     async def pages(self, api_version: str, kind: str, namespace: str | None,
-                    label_selector: str) -> AsyncIterator[tuple[list[dict[str, Any]], int]]:
+                    label_selector: str) -> AsyncIterator[list[dict[str, Any]]]:
         for obj in self.by_kind.get(kind, []):
             self.pages_read += 1
-            yield [obj], 100
+            yield [obj]
 
 
 def test_resync_takes_every_page_and_forgets_jobs_the_list_lacks() -> None:
@@ -44,30 +44,32 @@ def test_resync_takes_every_page_and_forgets_jobs_the_list_lacks() -> None:
 
 
 class NamespacedKube:
-    """Each watched namespace's LIST answered at its own resourceVersion: namespace "a" was listed (rv 70) before
-    the pod "late" was created there (rv 75); namespace "b" was listed after it (rv 100)."""
+    """Each watched namespace's LIST answered in turn: namespace "a" is listed before the pod "late" is created
+    there, and the watch delivers that pod while namespace "b" is listed."""
 
-    def __init__(self, listed: dict[str, list[dict[str, Any]]], rvs: dict[str, int],
-                 jobs: list[dict[str, Any]]) -> None:
-        self.listed, self.rvs, self.jobs = listed, rvs, jobs
+    def __init__(self, listed: dict[str, list[dict[str, Any]]], jobs: list[dict[str, Any]],
+                 between: Callable[[], object]) -> None:
+        self.listed, self.jobs, self.between = listed, jobs, between
 
     async def pages(self, api_version: str, kind: str, namespace: str | None,
-                    label_selector: str) -> AsyncIterator[tuple[list[dict[str, Any]], int]]:
+                    label_selector: str) -> AsyncIterator[list[dict[str, Any]]]:
         assert namespace is not None
+        if kind == "Pod" and namespace == "b":
+            self.between()
         objs = self.listed.get(namespace, []) if kind == "Pod" else [
             j for j in self.jobs if j["metadata"]["namespace"] == namespace] if kind == KIND else []
-        yield objs, self.rvs[namespace]
+        yield objs
 
 
 def test_a_pod_created_after_its_namespaces_list_is_not_taken_for_deleted() -> None:
-    """Issue 23 #2: the largest resourceVersion of all namespaces' LISTs was every namespace's cut-off."""
+    """Issue 23 #2: the largest resourceVersion of all namespaces' LISTs was every namespace's cut-off; now each
+    namespace's LIST is judged from the mark taken right before it, and resourceVersions are never compared."""
     a, b = make_job("a", namespace="a").obj(), make_job("b", namespace="b").obj()
-    a["metadata"]["resourceVersion"], b["metadata"]["resourceVersion"] = "60", "90"
+    a["metadata"]["resourceVersion"], b["metadata"]["resourceVersion"] = "opaque-a", "opaque-b"
     late = pod_obj(a, 0)
-    late["metadata"]["resourceVersion"] = "75"
+    late["metadata"]["resourceVersion"] = "opaque-late"
     cache, c = ChildCache(), ctl.Controller()
-    cache.apply("Pod", "ADDED", late)  # the watch saw it, after namespace a's LIST
-    kube = NamespacedKube({"a": [], "b": [pod_obj(b, 0)]}, {"a": 70, "b": 100}, [a, b])
+    kube = NamespacedKube({"a": [], "b": [pod_obj(b, 0)]}, [a, b], lambda: cache.apply("Pod", "ADDED", late))
     asyncio.run(resync.resync_once(cast(Kube, kube), cache, c, ["a", "b"]))
     live = [p.name for p in cache.pods(("a", "a")) if not p.gone]
     assert live == [late["metadata"]["name"]], "a live pod was taken for deleted (a false incident, a replacement)"
