@@ -58,8 +58,16 @@ def _observe_kueue(old: Mapping[str, Any], new: Mapping[str, Any], now: datetime
 
 
 def _rv(body: Mapping[str, Any]) -> str:
-    """The body's resourceVersion: opaque, compared for equality only (API conventions)."""
+    """The body's resourceVersion, as the API server wrote it."""
     return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _older(rv: str, than: str) -> bool:
+    """Whether a body at ``rv`` is older than one at ``than``. resourceVersions are opaque (API conventions); an
+    etcd-backed API server's are integers that grow, and only then can a late watch event be told from a newer
+    one. Waiting for the watch to echo our own write is no rule instead: kopf skips events that a newer one
+    follows closely. Any other API server gets arrival order: the newest body to arrive is the newest."""
+    return rv.isdigit() and than.isdigit() and int(rv) < int(than)
 
 
 def _kept(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -117,9 +125,8 @@ class Controller:
 
     def job_seen(self, event_type: str | None, body: Mapping[str, Any], listed_after: int | None = None) -> None:
         """Record the latest body of a DDPJob from its watch stream (or a resync's LIST sent after the mark
-        ``listed_after``) and enqueue a pass. Which body is newest is decided by arrival, never by comparing
-        resourceVersions: the watch delivers a job's versions in order, and the answer of our own status write
-        is newer than every event the watch delivered before it echoed that write."""
+        ``listed_after``) and enqueue a pass. A body is never replaced by one older than it (_older), which keeps
+        a late event from undoing our own status write."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
         if event_type == "DELETED":
@@ -135,28 +142,16 @@ class Controller:
         if mem is None or mem.body["metadata"].get("uid") != meta.get("uid"):
             self.jobs[key] = JobMemory(body=_kept(body), resource_version=rv, touched=self._events)
         elif listed_after is not None:
-            if mem.touched <= listed_after:  # nothing arrived since the LIST was sent: it is the newest
+            # A LIST item: newer than all that arrived before the LIST was sent, not than what arrived since.
+            if mem.touched <= listed_after and not _older(rv, mem.resource_version):
                 mem.take(_kept(body), rv, self._events)
-        elif event_type == "MODIFIED" and rv == mem.resource_version:
+        elif rv == mem.resource_version and event_type == "MODIFIED":
             # The echo of our own status write, whose answer the pass already kept: nothing new to plan (every
             # change of a child enqueues its own pass). A listing or the resync always plans.
-            mem.awaiting = None
             return
-        else:
-            if mem.in_flight is not None:
-                mem.in_flight.append(rv)
-            # While our own write's echo is awaited, a watch event is older than that write: never go back to it.
-            if mem.awaiting is None or event_type != "MODIFIED":
-                mem.take(_kept(body), rv, self._events)
+        elif not _older(rv, mem.resource_version):
+            mem.take(_kept(body), rv, self._events)
         self.queue.add(key)
-
-    def _written(self, mem: JobMemory, fresh: Mapping[str, Any], delivered: list[str]) -> None:
-        """Keep our status write's answer, unless the watch delivered that write (and maybe newer) already."""
-        rv = _rv(fresh)
-        self._events += 1
-        if rv not in delivered:
-            mem.take(_kept(fresh), rv, self._events)
-            mem.awaiting = rv
 
     def child_seen(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A watch event of a child (pod, Service, ...): update the cache and enqueue its job's pass."""
@@ -259,13 +254,10 @@ class Controller:
         self._log(key, plan)
         mem.routine_since = (mem.routine_since or now) if plan.status_held else None
         if plan.patch:
-            mem.in_flight = []
-            try:
-                fresh = await self.kube.patch_status(key[0], key[1], plan.patch)
-            finally:
-                mem.in_flight, delivered = None, mem.in_flight
-            if fresh:
-                self._written(mem, fresh, delivered or [])
+            fresh = await self.kube.patch_status(key[0], key[1], plan.patch)
+            if fresh and not _older(_rv(fresh), mem.resource_version):
+                self._events += 1
+                mem.take(_kept(fresh), _rv(fresh), self._events)
             if plan.status.get("state") == st.RUNNING and _first_start(body.get("status") or {}):
                 self._observe_time_to_running(body, now)
             _observe_kueue(body.get("status") or {}, plan.status, now)

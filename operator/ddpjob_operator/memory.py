@@ -30,13 +30,9 @@ class JobMemory:
 
     body: dict[str, Any]
     resource_version: str = ""
-    """The body's resourceVersion: opaque, compared for equality only."""
+    """The body's resourceVersion (controller._older says when one is older)."""
     touched: int = 0
     """The controller's event count when a watch event or our own write last changed ``body``."""
-    awaiting: str | None = None
-    """The resourceVersion of our last status write until the watch echoes it (events before it are older)."""
-    in_flight: list[str] | None = None
-    """While a status write is in flight: the resourceVersions the watch delivered meanwhile."""
     restarts_floor: int = 0
     incidents_floor: int = 0
     expected: dict[str, tuple[PodView, float]] = dataclasses.field(default_factory=dict)
@@ -65,7 +61,7 @@ class JobMemory:
 
     def take(self, body: dict[str, Any], resource_version: str, events: int) -> None:
         """``body`` is the newest version now."""
-        self.body, self.resource_version, self.touched, self.awaiting = body, resource_version, events, None
+        self.body, self.resource_version, self.touched = body, resource_version, events
 
     def observed_pods(self, cached: list[PodView], now: float) -> list[PodView]:
         """The cache's pods, plus pods we created that it has not delivered yet, minus pods we force-deleted and
