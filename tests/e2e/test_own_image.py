@@ -16,6 +16,7 @@ import pytest
 from tests.conftest import Cluster, wait_for
 from tests.e2e import faults
 from tests.e2e import training as t
+from tests.e2e.background import Background
 from tests.e2e.runs import JOB, Env, Run, fresh_namespace, run_job
 
 pytestmark = pytest.mark.timeout(1500)
@@ -84,7 +85,13 @@ def own_image_run(env: Env, label: str, scenario: Any = None) -> Run:
     return run_job(env, label, scenario, image=PLAIN_IMAGE, command=COMMAND, spares=1, inspect=False)
 
 
-def test_plain_image_survives_faults_bitwise(env: Env) -> None:
+@pytest.mark.exclusive
+def test_plain_image_survives_faults_bitwise(env: Env, background: Background) -> None:
+    """Alone (after the background runs): the soak's kills of the leading operator leave no operator for ~15 s,
+    and a worker deleted then is noticed only by the next leader, after the spare already trained again; such an
+    incident is closed only when the job ends (a bug of its own), and this short job's third fault then waits for
+    a recovery that is never recorded."""
+    background.drain()
     reference = own_image_run(env, "plain-ref")
     run = own_image_run(env, "plain-faults", three_faults)
     assert run.params_sha256 == reference.params_sha256, f"final parameters differ\n{run.logs.text()}"

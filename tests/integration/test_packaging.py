@@ -267,7 +267,11 @@ def test_a_worker_may_patch_only_its_own_jobs_progress(cluster: Cluster, release
     assert mine == "", mine
     status: Any = get_json(cluster, "ddpjob", "a", "-n", release)["status"]
     assert status["progress"]["globalStep"] == 7
-    other = patch("ab", {"progress": {"globalStep": 1}})  # "ab": a name that only starts like the pod's job
+    # "ab": a name that only starts like the pod's job. The API server applies a new ValidatingAdmissionPolicy
+    # once its informer has it (seconds after `helm install`): until then the patch goes through; the policy
+    # must refuse it within 30 s.
+    other = wait_for(lambda: patch("ab", {"progress": {"globalStep": 1}}), timeout=30, interval=0.5,
+                     describe="the worker admission policy refusing a patch of another job")
     assert "not one of ab's workers" in other, other
     verdict = patch("a", {"conditions": [{"type": "Succeeded", "status": "True", "reason": "Forged",
                                           "message": "m", "lastTransitionTime": "2026-01-01T00:00:00Z"}]})
