@@ -8,7 +8,7 @@ A leader that stops cleanly (SIGTERM: a rollout, ``kubectl drain``) releases the
 within ``retry`` seconds instead of ``lease``.
 
 The decisions are pure functions (table tests in tests/unit/operator/test_leader.py); :class:`Elector` does the
-I/O through any :class:`LeaseAPI` (the operator's is :class:`HttpLeases`, an aiohttp session of its own, because
+I/O through any :class:`LeaseAPI` (the operator's is leader_io.HttpLeases, an aiohttp session of its own, because
 kopf's client starts only after the Lease is held)."""
 
 from __future__ import annotations
@@ -153,10 +153,14 @@ class Elector:
         self._lease, self._renewed_at = lease, tried_at
         return True
 
+    def _call_timeout(self) -> float:
+        """How long one exchange with the API server may take: a retry period (at least 1 s)."""
+        return max(self.timing.retry, 1.0)
+
     async def _try(self) -> bool:
         """:meth:`try_once`, bounded by the retry period; an API error is a failed try."""
         try:
-            async with asyncio.timeout(max(self.timing.retry, 1.0)):
+            async with asyncio.timeout(self._call_timeout()):
                 return await self.try_once()
         except Exception as err:
             log.warning("lease %s: try failed: %r", "renew" if self.leading() else "acquire", err)
@@ -198,7 +202,7 @@ class Elector:
         self._renewed_at = None
         metrics.LEADER.set(0)
         try:
-            async with asyncio.timeout(max(self.timing.retry, 1.0)):
+            async with asyncio.timeout(self._call_timeout()):
                 done = await self.api.replace(lease, released(lease, self.wall()))
             log.info("%s: lease %s", self.identity, "released" if done else "not released (changed meanwhile)")
         except Exception as err:

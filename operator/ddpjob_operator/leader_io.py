@@ -1,11 +1,10 @@
-"""The Lease's I/O for leader.py, and the operator's run under leader election (main.py): an aiohttp session of its
-own, from the same credentials kopf uses, because kopf's client starts only after the Lease is held; and a
-/healthz for a standby, which runs no kopf and so would otherwise fail its liveness probe."""
+"""The Lease's I/O for leader.py: an aiohttp session of its own, from the same credentials kopf uses, because kopf's
+client starts only after the Lease is held; the holder identity and the Lease's namespace; and a /healthz for a
+standby, which runs no kopf and so would otherwise fail its liveness probe."""
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import uuid
@@ -17,8 +16,6 @@ import kopf
 from aiohttp import web
 
 from ddpjob_operator.leader import Obj
-
-log = logging.getLogger("ddpjob.leader")
 
 LEASES = "apis/coordination.k8s.io/v1/namespaces/{ns}/leases"
 #: The in-cluster namespace file: a replica's own namespace is where its Lease lives.

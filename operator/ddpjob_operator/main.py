@@ -66,22 +66,24 @@ async def _elected(election: Election, liveness_port: int, options: dict[str, ob
     api = leader_io.HttpLeases(election.namespace, election.name)
     elector = leader.Elector(api, leader_io.identity(), election.timing)
     metrics.LEADER.set(0)
-    health = await leader_io.standby_health(liveness_port)
     try:
-        if not await _until_stopped(elector.acquire()):
+        health = await leader_io.standby_health(liveness_port)
+        try:
+            acquired = await _until_stopped(elector.acquire())
+        finally:
+            if health is not None:
+                await health.cleanup()
+        if not acquired:
             log.info("stopped while waiting to lead")
-            await api.close()
             return
+        leader.install(elector)
+        keeper = asyncio.create_task(elector.keep(_lost))
+        try:
+            await kopf.operator(**options)  # type: ignore[arg-type]
+        finally:
+            keeper.cancel()
+            await elector.release()
     finally:
-        if health is not None:
-            await health.cleanup()
-    leader.install(elector)
-    keeper = asyncio.create_task(elector.keep(_lost))
-    try:
-        await kopf.operator(**options)  # type: ignore[arg-type]
-    finally:
-        keeper.cancel()
-        await elector.release()
         await api.close()
 
 
