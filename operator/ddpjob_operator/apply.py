@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from ddpjob_worker.restart_request import RESTART_ANNOTATION
+
 from ddpjob_operator import metrics
 from ddpjob_operator import reconcile as planner
 from ddpjob_operator import status as st
@@ -62,6 +64,8 @@ async def apply_plan(kube: Kube, key: tuple[str, str], mem: JobMemory, plan: pla
         mem.deleted_uids.add(d.uid)
         if deleted and d.force:
             mem.gone_uids.add(d.uid)
+    for target, text in plan.annotate_pods:  # an in-place restart request (policies/stall_restart)
+        await kube.annotate_pod(key[0], target.name, target.uid, {RESTART_ANNOTATION: text})
     if any(p.conflict or p.kind in OPTIONAL_KINDS for p in mem.problems.values()):
         # A child this job does not control: no pod may start against it. A PodGroup not created: the gang
         # scheduler would hold every pod anyway.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from ddpjob_worker import restart_request
 from ddpjob_worker.contract import DEFAULT_TERMINATION_LOG, RUNTIME_IMAGE_DIR, WORKER_GID, WORKER_UID, WorkerEnv
 
 from ddpjob_operator import gang, inject, names
@@ -39,6 +40,12 @@ RESTRICTED_CONTAINER = {
     "runAsGroup": WORKER_GID,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+
+#: The restart request of an in-place stall restart (ddpjob_worker.restart_request), projected from the pod's
+#: annotation: the kubelet rewrites the file when the operator changes the annotation, with no API access.
+RESTART_REQUEST_VOLUME: Obj = {"name": restart_request.RESTART_VOLUME, "downwardAPI": {"items": [{
+    "path": restart_request.REQUEST_FILE_NAME,
+    "fieldRef": {"fieldPath": f"metadata.annotations['{restart_request.RESTART_ANNOTATION}']"}}]}}
 
 
 def rdzv_endpoint(job: DDPJob) -> str:
@@ -126,7 +133,8 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
     env = _contract_env(job, index, worker, grace)
     worker.setdefault("name", WORKER_CONTAINER)
     # No clash with the user's variables: spec.py refuses a template that sets one the contract sets.
-    worker["env"] = [*(worker.get("env") or []), *({"name": k, "value": v} for k, v in env.items())]
+    worker["env"] = [*(worker.get("env") or []), *({"name": k, "value": v} for k, v in env.items()),
+                     {"name": restart_request.DDPJOB_RESTART_REQUEST_FILE, "value": restart_request.REQUEST_FILE}]
     # The planner copies this message into the Failed condition; logs are the fallback when the program
     # wrote no /dev/termination-log.
     worker.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
@@ -134,6 +142,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
     worker["volumeMounts"] = [
         *mounts,
         {"name": CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.mount_path},
+        {"name": restart_request.RESTART_VOLUME, "mountPath": restart_request.RESTART_MOUNT_PATH, "readOnly": True},
     ]
     claim = claim_name(job)
     volume: Obj = (
@@ -144,7 +153,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
     volumes = pod_spec.get("volumes") or []  # spec.py refuses a template volume named like ours
     pod_spec.update(
         containers=containers,
-        volumes=[*volumes, volume],
+        volumes=[*volumes, volume, RESTART_REQUEST_VOLUME],
         hostname=name,
         subdomain=names.service_name(job.name),
         # The operator, not the kubelet, replaces failed workers: it must see each exit code to apply the

@@ -95,7 +95,7 @@ PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     (GROUP, f"{PLURAL}/status"): ("patch",),
     # Not a call of this module: what OwnerReferencesPermissionEnforcement asks of a blockOwnerDeletion reference.
     (GROUP, f"{PLURAL}/finalizers"): ("update",),
-    ("", "pods"): ("get", "list", "watch", "create", "delete"),
+    ("", "pods"): ("get", "list", "watch", "create", "delete", "patch"),
     ("", "services"): ("get", "list", "watch", "create"),
     ("", "serviceaccounts"): ("get", "list", "watch", "create"),
     ("", "persistentvolumeclaims"): ("get", "list", "watch", "create"),
@@ -302,6 +302,18 @@ class Kube:
             await self._call("delete", f"/api/v1/namespaces/{namespace}/pods/{name}", options)
         except (kopf_errors.APINotFoundError, kopf_errors.APIConflictError):
             return False  # already gone, or the name now belongs to a newer pod
+        return True
+
+    async def annotate_pod(self, namespace: str, name: str, uid: str, annotations: Mapping[str, str]) -> bool:
+        """Merge ``annotations`` into a pod only if it still has ``uid`` (the UID in the patch is a precondition:
+        a newer pod of the same name refuses it); True if patched."""
+        patch = {"metadata": {"uid": uid, "annotations": dict(annotations)}}
+        try:
+            await self._call("patch", f"/api/v1/namespaces/{namespace}/pods/{name}", patch,
+                             "application/merge-patch+json")
+        except (kopf_errors.APINotFoundError, kopf_errors.APIConflictError,
+                kopf_errors.APIUnprocessableEntityError):
+            return False  # gone, or the name now belongs to a newer pod (409 or 422: the UID is immutable)
         return True
 
     async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Obj:

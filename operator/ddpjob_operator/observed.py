@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ddpjob_worker.redact import redact
+from ddpjob_worker.restart_request import RESTART_ANNOTATION
 
 from ddpjob_operator import names
 from ddpjob_operator.kueue import WORKLOAD, WorkloadView
@@ -89,6 +90,8 @@ class PodView:
     resource_version: str = ""
     image: str = ""
     """The worker container's image (messages about an image that cannot run the runtime name it)."""
+    restart_request: str = ""
+    """Its in-place restart request annotation (ddpjob_worker.restart_request), "" without one."""
 
     @property
     def terminated(self) -> bool:
@@ -167,6 +170,7 @@ class PodView:
             disruption=str(disruption.get("reason") or ""),
             resource_version=str(meta.get("resourceVersion") or ""),
             image=_worker_image(spec),
+            restart_request=str((meta.get("annotations") or {}).get(RESTART_ANNOTATION) or ""),
         )
 
 

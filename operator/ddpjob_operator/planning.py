@@ -30,6 +30,8 @@ class Plan:
     delete_pods: list[DeletePod] = dataclasses.field(default_factory=list)
     create_pods: list[Obj] = dataclasses.field(default_factory=list)
     replacements: list[Replacement] = dataclasses.field(default_factory=list)
+    annotate_pods: list[tuple[PodView, str]] = dataclasses.field(default_factory=list)
+    """Workers to give an in-place restart request (policies/stall_restart), with its text."""
     new_incidents: list[str] = dataclasses.field(default_factory=list)
     """Causes of the incidents opened this pass (for the metric)."""
     losses: list[str] = dataclasses.field(default_factory=list)

@@ -29,6 +29,7 @@ from ddpjob_operator.policies import (
     pods,
     recovery,
     stall,
+    stall_restart,
     status_writes,
     success,
     suspend,
@@ -44,9 +45,6 @@ RETRY_SOON_SECONDS = 1.0
 #: How often a job with a conflicting child looks again (the foreign object may carry no label we watch).
 CONFLICT_RECHECK_SECONDS = 10.0
 #: Said in a stall restart's Events when the job keeps its checkpoints on the pods' emptyDirs, which go with them.
-_STARTS_OVER = ("; this job has no checkpoint claim, so its checkpoints live on the pods' emptyDir volumes and go "
-                "with them: training starts over from step 0 (set spec.checkpoint.volumeClaim or existingClaim to "
-                "resume after a restart)")
 
 __all__ = ["DeletePod", "KueueInputs", "Observed", "Plan", "Replacement", "plan"]
 
@@ -175,6 +173,7 @@ def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
     job, now, policy = ps.job, ps.now, ps.job.spec.run_policy
     kids = _children(result, ps)
     losses = [] if finishing else _losses(ps)
+    how = stall_restart.REPLACE_PODS
     verdict = stall.check(ps.old, [p for p in ps.workers if p.active and (p.index or 0) < job.spec.pod_count],
                           [p for p in ps.rdzv if not p.gone], job.spec.replicas,
                           stall.Deadlines(policy.progress_deadline_seconds, policy.startup_deadline_seconds), now,
@@ -184,13 +183,16 @@ def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
     if stalled is not None and stalled.actionable and not finishing:
         if policy.on_stall == "Fail":
             return _fail(result, ps, "ProgressDeadlineExceeded", stalled.message)
-        detail = f"restarted: {stalled.message}{_STARTS_OVER if builders.claim_name(job) is None else ''}"
-        losses += [failure.Loss(p.name, p.uid, p.index, failure.STALLED, now, detail)
-                   for p in ps.workers if p.active and p.uid not in ps.counted]
+        how = stall_restart.mode(ps.recent, job.spec.steps_visible)
+        losses += stall_restart.losses(how, ps.workers, ps.counted, now, stalled.message,
+                                       builders.claim_name(job) is not None)
     persisted = list(ps.counted)  # pods are acted on only once their count is in the status (a later pass)
     decision = incidents.attribute(ps.recent, ps.count, ps.counted, losses, window=policy.incident_window_seconds,
                                    backoff_limit=policy.backoff_limit)
     ps.recent, ps.count, ps.counted = decision.incidents, decision.count, decision.counted
+    for incident in ps.recent:
+        if incident["id"] in decision.opened and incident["cause"] == failure.STALLED:
+            incident["restart"] = how
     ps.restarts += sum(1 for loss, _ in decision.new_losses if loss.index is not None)
     result.new_incidents = [i["cause"] for i in ps.recent if i["id"] in decision.opened]
     result.events += [_loss_event(loss, iid, ps) for loss, iid in decision.new_losses]
@@ -217,6 +219,7 @@ def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
                                f"incidents: {ps.count}") for r in pod_plan.replacements]
     if pod_plan.conflicts:  # a conflicting non-pod child already asked for this in _children
         result.requeue_at(now + timedelta(seconds=CONFLICT_RECHECK_SECONDS), now)
+    _restart_in_place(result, ps)
     _recovery(result, ps)
     _aux(ps, verdict, conflicts)
     outcome = _state(ps, decision)
@@ -284,6 +287,23 @@ def _aux(ps: _Pass, verdict: stall.Verdict | None, conflicts: Sequence[str]) -> 
         else:
             ps.aux.remove(kueue_queued)
     ps.aux += found
+def _restart_in_place(result: Plan, ps: _Pass) -> None:
+    """A stall restarted in place: write its request on the workers (a pass after the incident's), or replace the
+    pods once the agents left it unanswered."""
+    if not ps.recent or incidents.recovering(ps.recent) is None or not stall_restart.is_in_place(ps.recent[-1]):
+        return
+    last = ps.recent[-1]
+    if stall_restart.unanswered(last, ps.old.get("progress") or {}, ps.now):
+        uids, text = stall_restart.escalate(last, ps.workers, ps.counted, builders.claim_name(ps.job) is not None)
+        ps.counted = [*ps.counted, *uids]
+        result.events.append(st.Event("Warning", "RestartInPlaceUnanswered", truncate(
+            f"incident #{last.get('id')} (Stalled): {text}")))
+        return
+    result.requeue_at(stall_restart.answer_due(last), ps.now)
+    if any(i.get("id") == last.get("id") for i in ps.old.get("incidents") or []):
+        result.annotate_pods = stall_restart.to_annotate(last, ps.workers)
+
+
 def _recovery(result: Plan, ps: _Pass) -> None:
     """Close the recovering incident once enough workers run and training ran again since it began; record its
     recovery clock."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ddpjob_worker import restart_request
 from ddpjob_worker.contract import (
     RUNTIME_INIT_CONTAINER,
     RUNTIME_MOUNT_PATH,
@@ -47,7 +48,8 @@ def check_template(spec: DDPJobSpec) -> None:
         if problem:  # ddp-worker would exit 78 at start, on every pod
             raise ValueError(f"{where}.env[{j}].value: {problem}")
     for j, vol in enumerate(pod_spec.get("volumes") or []):
-        purpose = {CHECKPOINT_VOLUME: "spec.checkpoint", RUNTIME_VOLUME: "the injected runtime"}.get(
+        purpose = {CHECKPOINT_VOLUME: "spec.checkpoint", RUNTIME_VOLUME: "the injected runtime",
+                   restart_request.RESTART_VOLUME: "restarts in place (onStall: RestartGroup)"}.get(
             str((vol or {}).get("name")))
         if purpose:
             raise ValueError(f"template.spec.volumes[{j}].name: the volume name {vol['name']!r} is reserved for "
@@ -56,9 +58,13 @@ def check_template(spec: DDPJobSpec) -> None:
         _check_injectable(pod_spec, worker, where)
     mount = spec.checkpoint.mount_path.rstrip("/")
     for j, m in enumerate(worker.get("volumeMounts") or []):
-        if str((m or {}).get("mountPath") or "").rstrip("/") == mount:
+        path = str((m or {}).get("mountPath") or "").rstrip("/")
+        if path == mount:
             raise ValueError(f"{where}.volumeMounts[{j}].mountPath: {mount} is spec.checkpoint.mountPath, where "
                              "the operator mounts the checkpoint volume; mount this volume elsewhere")
+        if path == restart_request.RESTART_MOUNT_PATH:
+            raise ValueError(f"{where}.volumeMounts[{j}].mountPath: {path} is where the operator mounts the "
+                             "restart requests of onStall: RestartGroup; mount this volume elsewhere")
     _check_gang(spec, pod_spec)
     _check_resources(pod_spec)
     _check_overridden(spec, pod_spec)

@@ -6,7 +6,10 @@ Four jobs run at once, each in its own namespace, their scripts mounted from a C
   tutorial's code), `progressDeadlineSeconds: 30`, trains for four deadlines after its first step: no incident,
   never Stalled, its steps and step rate in `status.progress` and `kubectl get ddpj`. Before the runtime counted
   optimizer steps, the operator restarted it as stalled every deadline.
-- **hang**: a plain script that hangs after step 20: Stalled within the deadline, "stopped after step 20".
+- **hang**: a plain script that keeps its own checkpoint (torch.save on each pod's emptyDir, no claim) and hangs
+  once after step 20: Stalled within the deadline, "stopped after step 20"; `onStall: RestartGroup` restarts the
+  group in place (issue 23 #11): the same two pods throughout, the script resumes from its step-20 checkpoint and
+  the job Succeeds with one incident. Before, the restart deleted the pods and with them every checkpoint.
 - **slow start**: sleeps 50 s before its first step, longer than its 20 s step deadline, within its 150 s start-up
   allowance: Succeeded, no incident, never Stalled.
 - **stuck start**: never steps, start-up allowance 60 s: Stalled naming the start-up.
@@ -24,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import wait_for
+from tests.e2e import results
 from tests.e2e import training as t
 from tests.e2e.background import Background, runs_in_background
 from tests.e2e.runs import Env, fresh_namespace
@@ -36,7 +40,7 @@ SCRIPTS = {
 }
 JOB = "plain"
 TUTORIAL_DEADLINE = 30
-HANG_AFTER, HANG_DEADLINE = 20, 30
+HANG_AFTER, HANG_DEADLINE, HANG_STEPS = 20, 30, 60
 SLOW_SLEEP, SLOW_DEADLINE, SLOW_STARTUP = 50, 20, 150
 STUCK_DEADLINE, STUCK_STARTUP = 20, 60
 #: Fewer idle processes on two cores (no pre-started trainer) for the jobs that mostly wait; the tutorial keeps
@@ -64,11 +68,17 @@ class Case:
     """When the watcher first saw a step in status.progress."""
     table: str = ""
     """`kubectl get ddpj` once the case concluded (its namespace goes with the run)."""
+    worker_uids: set[str] = field(default_factory=set)
+    """Every worker pod UID seen (the hang case: an in-place restart keeps the pods)."""
+    logs: str = ""
+    """The workers' logs once the case concluded (the hang case)."""
 
     def done(self) -> bool:
         """Concluded: what the test asserts has happened, or cannot happen any more."""
         if self.status.get("state") in ("Succeeded", "Failed"):
             return True
+        if self.label == "hang":
+            return self.max_incidents > 1  # it hangs once: a second incident is a failure already
         if self.label == "tutorial":
             trained = self.first_step is not None and time.time() - self.first_step >= 4 * TUTORIAL_DEADLINE + 5
             return trained or self.max_incidents > 0
@@ -83,7 +93,8 @@ def cases() -> list[Case]:
         Case("tutorial", ["python", "/scripts/tutorial_ddp.py", "100000", "50", "--snapshot_path",
                           "/checkpoints/snapshot.pt"], {"progressDeadlineSeconds": TUTORIAL_DEADLINE},
              cpu_limit="500m"),
-        Case("hang", [*plain, "--steps", "100000", "--hang-after", str(HANG_AFTER), "--step-seconds", "0.2"],
+        Case("hang", [*plain, "--steps", str(HANG_STEPS), "--hang-after", str(HANG_AFTER), "--hang-once",
+                      "--checkpoint", "/checkpoints/plain.pt", "--save-every", "10", "--step-seconds", "0.2"],
              {"progressDeadlineSeconds": HANG_DEADLINE}, env=NO_STANDBY),
         Case("slow start", [*plain, "--steps", "20", "--sleep-before", str(SLOW_SLEEP)],
              {"progressDeadlineSeconds": SLOW_DEADLINE, "startupDeadlineSeconds": SLOW_STARTUP}, replicas=1,
@@ -122,6 +133,9 @@ def stalled_event(env: Env, ns: str) -> dict[str, Any] | None:
 
 def observe(env: Env, case: Case) -> None:
     case.status = t.job_status(env.cluster, case.ns, JOB)
+    if case.label == "hang":
+        pods = t.get_json(env.cluster, "pods", "-n", case.ns, "-l", "ddpjob.io/replica-type=worker")["items"]
+        case.worker_uids |= {p["metadata"]["uid"] for p in pods}
     case.max_incidents = max(case.max_incidents, int(case.status.get("incidentCount") or 0))
     if case.first_step is None and (case.status.get("progress") or {}).get("lastStepTime"):
         case.first_step = time.time()
@@ -155,6 +169,9 @@ def run_plain_scripts(env: Env) -> dict[str, Case]:
                  state=lambda: "\n".join(f"{c.label}: {t.describe_job(env.cluster, c.ns, JOB)}" for c in runs))
         for case in runs:
             case.table = env.cluster.kubectl("get", "ddpj", JOB, "-n", case.ns).stdout
+        hang = next(case for case in runs if case.label == "hang")
+        hang.logs = "\n".join(env.cluster.kubectl("logs", "-n", hang.ns, f"{JOB}-worker-{i}", check=False).stdout
+                              for i in range(hang.replicas))
         for case in runs:
             t.log(f"plain scripts: {case.label}: state {case.status.get('state')}, incidents {case.max_incidents}, "
                   f"stalled {(case.stalled or {}).get('message')}, progress {json.dumps(case.status.get('progress'))}")
@@ -204,6 +221,21 @@ def test_a_script_that_hangs_after_n_steps_is_stalled_within_the_deadline(plain_
     detected = case.stalled["at"] - last_step  # the operator's time of the Event (whole seconds)
     t.log(f"hang: Stalled {detected:.1f}s after the last step (progressDeadlineSeconds {HANG_DEADLINE})")
     assert HANG_DEADLINE - 1 <= detected <= HANG_DEADLINE + 10, detected
+
+
+def test_the_stalled_group_restarts_in_place_and_resumes_from_its_own_checkpoint(plain_runs: dict[str, Case]) -> None:
+    """Issue 23 #11: the restart keeps the pods, so the checkpoints on their emptyDirs are there to resume from."""
+    case = plain_runs["hang"]
+    assert case.status.get("state") == "Succeeded" and case.max_incidents == 1, case.status
+    incident = case.status["incidents"][0]
+    assert (incident["cause"], incident["restart"], incident["outcome"]) == ("Stalled", "InPlace", "Recovered")
+    assert len(case.worker_uids) == case.replicas, case.worker_uids  # the same pods from start to end
+    assert case.logs.count(f"resumed from step {HANG_AFTER}") == case.replicas, case.logs[-3000:]
+    assert case.logs.count(f"step {HANG_STEPS}\n") == case.replicas and "resumed from step 0" not in case.logs
+    t.log(f"hang: restarted in place, recovered in {incident.get('recoverySeconds')}s "
+          f"(phases {json.dumps(incident.get('phases'))}); pods {sorted(case.worker_uids)}")
+    results.record("stall-in-place", incidents=case.max_incidents, recovery_s=incident.get("recoverySeconds"),
+                   phases=incident.get("phases"), pods=len(case.worker_uids))
 
 
 def test_a_slow_start_within_the_allowance_is_no_incident(plain_runs: dict[str, Case]) -> None:

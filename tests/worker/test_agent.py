@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ddpjob_worker import restart_request
 
 from tests.worker.helpers import TINY, LocalJob, wait_exit, wait_until
 
@@ -110,3 +111,28 @@ def test_a_group_whose_store_never_comes_back_trains_to_the_end(job: LocalJob) -
     assert job.progress_at_least(150, 1)["globalStep"] >= 150
     logs = job.logs()
     assert "the rendezvous store is unreachable" in logs and "not waiting for the other agents" in logs
+
+
+@pytest.mark.timeout(300)
+def test_a_restart_request_restarts_a_hung_group_in_place_from_its_checkpoint(job: LocalJob) -> None:
+    """The operator's in-place stall restart (ddpjob_worker.restart_request): one trainer hangs (SIGSTOP), each agent
+    finds a request newer than its group in its file (the pod annotation, projected), stops its trainers and
+    re-forms the group in place, without spending a restart (max_restarts=0); training resumes from the last
+    checkpoint and the job ends. The request, still in the files, is older than the new group: obeyed once."""
+    command = ["python", "-m", "ddpjob_worker.examples.charlm", *TINY, "--epochs", "1", "--steps-per-epoch", "40",
+               "--checkpoint-every", "5", "--step-delay", "0.1"]
+    files = [job.workdir / f"restart-request-{i}" for i in range(2)]
+    agents = [job.agent(i, command, max_restarts=0, DDPJOB_RESTART_REQUEST_FILE=str(files[i])) for i in range(2)]
+    job.training_pid(agents[0])
+    hung = job.training_pid(agents[1])
+    job.progress_at_least(8, 150)
+    os.kill(hung, signal.SIGSTOP)
+    request = restart_request.Request(7, time.time())
+    for f in files:  # the kubelet swaps the projected file atomically
+        f.with_suffix(".tmp").write_text(request.text())
+        f.with_suffix(".tmp").rename(f)
+    for a in agents:
+        assert wait_exit(a, 200, job) == 0, job.logs()[-4000:]
+    logs = job.logs()
+    assert logs.count("the operator asked this group to restart in place (incident #7") == 2, logs[-4000:]
+    assert "resumed from checkpoint step-" in logs

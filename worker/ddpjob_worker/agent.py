@@ -14,7 +14,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ddpjob_worker import causes, compat, contract, storekeeper, warm
+from ddpjob_worker import causes, compat, contract, restart_request, storekeeper, warm
 from ddpjob_worker.logs import get_logger
 from ddpjob_worker.storekeeper import StoreKeeper
 
@@ -98,6 +98,8 @@ class PodAgent(LocalElasticAgent):
             # torch 2.6 closes it on every shutdown that is not a restart, a SIGTERM included: only success may.
             compat.detach_rendezvous(self)
         self._keeper = StoreKeeper(handler)
+        self._request_file = restart_request.request_file(os.environ)
+        self._next_request_check = 0.0
         if hasattr(handler, "num_nodes_waiting"):
             handler.num_nodes_waiting = self._guarded_waiting(handler.num_nodes_waiting, fixed_size(handler))
         tune_polls(handler)
@@ -194,6 +196,9 @@ class PodAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         # Runs every monitor interval on the main thread, the one a waiting trainer's life is tied to.
         warm.POOL.refill()
+        requested = self._restart_requested()
+        if requested is not None:
+            return requested
         result: RunResult = super()._monitor_workers(worker_group)
         if result.state in {WorkerState.FAILED, WorkerState.UNHEALTHY} and peer_loss(result.failures):
             rank, failure = min(result.failures.items(), key=lambda item: item[1].timestamp)
@@ -207,6 +212,27 @@ class PodAgent(LocalElasticAgent):
                 log.warning("worker group failed because a peer was lost (rank %s); this torch counts the restart "
                             "(update ddpjob_worker.compat)", rank)
         return result
+
+    def _restart_requested(self) -> RunResult | None:
+        """An UNHEALTHY result when the operator asked this group to restart in place (a stall: pod annotation
+        ddpjob_worker.restart_request, read at most once a second); _invoke_run then stops the trainers (SIGTERM,
+        so they can checkpoint) and re-forms the group, keeping the pod and its checkpoints. The restart is given
+        back first: a stall is not this pod's failure, and an agent out of restarts must still obey."""
+        now = time.monotonic()
+        if now < self._next_request_check:
+            return None
+        self._next_request_check = now + 1.0
+        formed = os.environ.get(contract.DDPJOB_RENDEZVOUS_TIME)
+        request = restart_request.due(self._request_file, float(formed) if formed else None)
+        if request is None:
+            return None
+        # One answer per request: the group re-formed next is newer than the request.
+        os.environ[contract.DDPJOB_RENDEZVOUS_TIME] = f"{max(time.time(), request.at):.3f}"
+        refunded = compat.refund_restart(self)
+        log.warning("the operator asked this group to restart in place (incident #%d, a stall): stopping the "
+                    "trainers and re-forming the group, keeping this pod and its checkpoints%s", request.incident,
+                    "" if refunded else " (this torch counts the restart: update ddpjob_worker.compat)")
+        return RunResult(state=WorkerState.UNHEALTHY)
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, *args: Any, **kwargs: Any) -> None:
         # torch before 2.15 closes the workers 30 s after forwarding the agent's SIGTERM, whatever the budget: a

@@ -103,10 +103,11 @@ The rules the operator needs in a namespace where it manages DDPJobs. One list, 
 - apiGroups: ["ddpjob.io"]
   resources: ["ddpjobs/finalizers"]
   verbs: ["update"]
-# Worker and rendezvous pods: watched and re-listed, created, read back when a name is taken, deleted.
+# Worker and rendezvous pods: watched and re-listed, created, read back when a name is taken, deleted; patched
+# only to annotate the workers of a stall restarted in place (ddpjob.io/restart-request).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch", "create", "delete"]
+  verbs: ["get", "list", "watch", "create", "delete", "patch"]
 # The other children (headless Service, checkpoint PVC) and the workers' identity, one per namespace
 # (ServiceAccount, Role and RoleBinding `ddpjob-worker`; the Role allows only patch of DDPJob status): watched so
 # a deleted one comes back, ensured, read back when a create finds the name taken. Never deleted by the operator.

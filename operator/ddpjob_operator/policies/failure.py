@@ -71,6 +71,8 @@ class Loss:
     exit_code: int | None = None
     permanent: bool = False
     """The program said it is broken (a permanent exit code): restarting cannot help, the job fails."""
+    unwatched: bool = False
+    """Lost while no operator watched: ``at`` is when it was found missing, not when it was lost."""
 
     @property
     def consequential(self) -> bool:
@@ -175,7 +177,7 @@ def vanished(job: DDPJob, workers: Sequence[PodView], rendezvous: Sequence[PodVi
     repeated after a crash counts them once."""
     seen = {p.index for p in workers if p.index is not None}
     out = [Loss(names.worker_pod_name(job.name, i), f"vanished-{job.uid}-{i}-{count}", i, POD_DELETED, now,
-                "gone while no operator was watching (deleted, or its node removed)")
+                "gone while no operator was watching (deleted, or its node removed)", unwatched=True)
            for i in range(min(job.spec.pod_count, had + job.spec.spares)) if i not in seen]
     if not rendezvous:
         out.append(Loss(names.rendezvous_pod_name(job.name), f"vanished-{job.uid}-rdzv-{count}", None,

@@ -98,6 +98,8 @@ def attribute(
             count += 1
             target = {"id": count, "cause": loss.cause, "startTime": format_time(loss.at), "pods": [],
                       "outcome": RECOVERING, "message": ""}
+            if loss.unwatched:
+                target["lostUnwatched"] = True  # its start is when the loss was found (policies/recovery.py)
             recent.append(target)
             opened.append(count)
         if target.get("outcome") == RECOVERED:  # reopened by a consequence of its cause

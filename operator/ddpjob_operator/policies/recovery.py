@@ -11,7 +11,7 @@ truncated to the second, so a phase can read up to 1 s long; none reads below 0.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from ddpjob_operator.observed import PodView, parse_time
@@ -57,17 +57,30 @@ def phases(began: datetime, workers: Sequence[PodView], progress: Mapping[str, A
     return {k: v for k, v in out.items() if v is not None}
 
 
+#: Seconds a step must come after a loss found late (lostUnwatched) to prove the group no longer has the lost pod:
+#: the step is stamped by the worker's clock, the start by the operator's.
+UNWATCHED_MARGIN_SECONDS = 2.0
+
+
 def recovered_at(began: datetime | None, running: Sequence[PodView], progress: Mapping[str, Any],
-                 now: datetime) -> datetime | None:
+                 now: datetime, unwatched: bool = False) -> datetime | None:
     """When training ran again after an incident that began at ``began``, or None while it has not.
 
     A worker that reports its clock (``progress.start``) proves it: a group formed after the start and did a
     step (rank 0 announces a new group before its first step: until that step it is not over). Otherwise (a
     command the worker runtime does not run) the newest worker must have started after the start, and progress,
-    if any is reported, must be newer than that worker."""
+    if any is reported, must be newer than that worker.
+
+    A pod lost while no operator watched (``unwatched``) was lost before ``began``, when it was found missing:
+    a hot spare's group may have formed in between. A step after ``began`` proves that group is not the one the
+    loss hit (that one cannot step without the pod, which was gone by then), so it ends the incident too."""
     rdzv, _, first = group_times(progress)
     if rdzv is not None and began is not None:
-        return first if rdzv >= began else None
+        if rdzv >= began:
+            return first
+        step = parse_time(progress.get("lastStepTime"))
+        late = unwatched and step is not None and step >= began + timedelta(seconds=UNWATCHED_MARGIN_SECONDS)
+        return step if late else None
     newest = max((p.started_at for p in running if p.started_at is not None), default=None)
     if began is not None and (newest is None or newest < began):
         # Every worker still runs the group the incident hit: its agents have not noticed yet (a lost store is
@@ -89,12 +102,21 @@ def kept_training(began: datetime | None, running: Sequence[PodView], stores: Se
     """When an incident that lost only the rendezvous store is over although no group re-formed, or None.
 
     The agents keep a healthy group training through a lost store and reconnect to the new one
-    (ddpjob_worker.storekeeper), so no start record follows the incident. It is over when every running worker
-    is still the one from before it (had one been replaced, the group re-formed: recovered_at decides), a new
-    store pod started after it is Ready (its probe: the store listens), and training reported progress since that
-    pod started. It ends now: when the operator sees all of that (the pod's start is too early: the store then
-    still imports torch before it listens)."""
-    if began is None or not running or any(p.started_at is None or p.started_at >= began for p in running):
+    (ddpjob_worker.storekeeper), so no start record follows the incident. It is over when the group is still the
+    one from before it (had it re-formed, recovered_at decides), a new store pod started after it is Ready (its
+    probe: the store listens), and training reported progress since that pod started. It ends now: when the
+    operator sees all of that (the pod's start is too early: the store then still imports torch before it
+    listens).
+
+    The group is the one from before when rank 0's record says so (its rendezvous came before the incident: a
+    spare pod that started since, replacing one that took over a lost worker's place, is not in the group), or,
+    for a command that keeps no record, when every running worker started before the incident."""
+    if began is None or not running:
+        return None
+    rdzv, _, _ = group_times(progress)
+    if rdzv is not None and rdzv >= began:
+        return None
+    if rdzv is None and any(p.started_at is None or p.started_at >= began for p in running):
         return None
     back = min((p.started_at for p in stores
                 if p.running and p.ready and p.started_at is not None and p.started_at >= began), default=None)
@@ -109,7 +131,7 @@ def over(incident: Mapping[str, Any], store_pod: str, running: Sequence[PodView]
     trains (recovered_at), or, for a lost store that the group trained through, the new store is up
     (kept_training: the pod phases are then the new store pod's)."""
     began = parse_time(incident.get("startTime"))
-    at = recovered_at(began, running, progress, now)
+    at = recovered_at(began, running, progress, now, bool(incident.get("lostUnwatched")))
     if at is not None:
         return at, phases(began, workers, progress) if began is not None else {}
     if began is None or not store_only(incident, store_pod):

@@ -1,12 +1,16 @@
 # mypy: ignore-errors
 """A plain DDP training script, the way users write them: no ddpjob import, no progress reporting of its own. For
 the stall tests (tests/e2e/test_progress.py) it can take its time before the first step (a slow start-up: a
-download, a tokenizer, a big model) and hang after a given step.
+download, a tokenizer, a big model) and hang after a given step, for ever or once (a marker file next to the
+checkpoint says it did). It keeps its own checkpoint the common way: torch.save of the model, the optimizer and the
+step on every node (each pod has its own disk), and torch.load at start when the file is there.
 
-usage: python plain_steps.py [--steps N] [--sleep-before S] [--hang-after N] [--step-seconds S]
+usage: python plain_steps.py [--steps N] [--sleep-before S] [--hang-after N [--hang-once]] [--step-seconds S]
+                             [--checkpoint PATH --save-every N]
 """
 
 import argparse
+import os
 import time
 
 import torch
@@ -19,7 +23,10 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--sleep-before", type=float, default=0.0, help="seconds of start-up before the first step")
     parser.add_argument("--hang-after", type=int, default=0, help="hang for ever after this step (0: never)")
+    parser.add_argument("--hang-once", action="store_true", help="hang only if the checkpoint's marker is absent")
     parser.add_argument("--step-seconds", type=float, default=0.1)
+    parser.add_argument("--checkpoint", default="", help="file of this node's checkpoint ('': none)")
+    parser.add_argument("--save-every", type=int, default=10)
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -28,12 +35,26 @@ def main():
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    for step in range(1, args.steps + 1):
+    done = 0
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        state = torch.load(args.checkpoint)
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        done = state["step"]
+        print(f"rank {rank}: resumed from step {done}", flush=True)
+    marker = args.checkpoint + ".hung" if args.checkpoint else ""
+    for step in range(done + 1, args.steps + 1):
         optimizer.zero_grad()
         model(torch.randn(4, 8)).pow(2).mean().backward()
         optimizer.step()
         print(f"rank {rank}: step {step}", flush=True)
-        if step == args.hang_after:
+        if args.checkpoint and step % args.save_every == 0:
+            state = {"model": model.module.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
+            torch.save(state, args.checkpoint + ".tmp")
+            os.replace(args.checkpoint + ".tmp", args.checkpoint)
+        if step == args.hang_after and not (args.hang_once and marker and os.path.exists(marker)):
+            if marker:
+                open(marker, "w").close()
             print(f"rank {rank}: hanging after step {step}", flush=True)
             while True:
                 time.sleep(3600)

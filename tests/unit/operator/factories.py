@@ -11,6 +11,7 @@ from ddpjob_operator import builders, names
 from ddpjob_operator.observed import ChildView, PodView, format_time
 from ddpjob_operator.reconcile import Observed, Plan, plan
 from ddpjob_operator.spec import parse_ddpjob
+from ddpjob_worker.restart_request import RESTART_ANNOTATION
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 Obj = dict[str, Any]
@@ -173,6 +174,10 @@ class FakeCluster:
                 del self.pods[d.name]
             else:
                 pod["metadata"]["deletionTimestamp"] = format_time(T0)
+        for target, text in p.annotate_pods:  # the UID in the patch is a precondition
+            pod = self.pods.get(target.name)
+            if pod is not None and pod["metadata"]["uid"] == target.uid:
+                pod["metadata"].setdefault("annotations", {})[RESTART_ANNOTATION] = text
         for n, pod in enumerate(p.create_pods):
             if crash_after_creates is not None and n >= crash_after_creates:
                 return

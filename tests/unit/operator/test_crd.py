@@ -82,3 +82,30 @@ def test_every_schema_node_uses_only_openapi_keywords() -> None:
 
     bad = walk(version()["schema"]["openAPIV3Schema"], "")
     assert not bad, f"not OpenAPI schema keywords: {bad}"
+
+
+def pruned(obj: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """The paths of ``obj`` that the API server's structural pruning would drop under ``schema``. The
+    preserve-unknown-fields flag keeps unknown keys of its own node only: a nested node with properties of its own
+    is pruned by them."""
+    if isinstance(obj, dict):
+        props, extra = schema.get("properties"), schema.get("additionalProperties")
+        keep = bool(schema.get("x-kubernetes-preserve-unknown-fields"))
+        if props is None and isinstance(extra, dict):
+            return [p for k, v in obj.items() for p in pruned(v, extra, f"{path}.{k}")]
+        props = props or {}
+        return [p for k, v in obj.items()
+                for p in (pruned(v, props[k], f"{path}.{k}") if k in props else [] if keep else [f"{path}.{k}"])]
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in pruned(v, schema.get("items") or {}, f"{path}[{i}]")]
+    return []
+
+
+def status_schema() -> dict[str, Any]:
+    schema: dict[str, Any] = version()["schema"]["openAPIV3Schema"]["properties"]["status"]
+    return schema
+
+
+def test_pruned_finds_a_field_the_schema_lacks() -> None:
+    """The check below must be able to fail."""
+    assert pruned({"incidents": [{"id": 1, "nope": 2}]}, status_schema()) == [".incidents[0].nope"]

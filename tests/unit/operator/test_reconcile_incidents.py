@@ -89,30 +89,6 @@ def test_a_crash_loop_of_one_worker_exhausts_the_budget() -> None:
     assert c.status["incidentCount"] == 3 and st.condition_true(c.status, "Failed")
 
 
-def test_stall_restarts_the_group_as_one_incident_then_resumes() -> None:
-    c = running_cluster(replicas=2, progressDeadlineSeconds=30)
-    c.jobobj["status"]["progress"] = {"globalStep": 7, "updateTime": format_time(at(10))}
-    assert c.step(at(20)).requeue_after == pytest.approx(20)
-    p = c.step(at(41))
-    stalled = st.get_condition(c.status, "Stalled")
-    assert stalled is not None and stalled["status"] == "True" and stalled["reason"] == "ProgressStopped"
-    assert "stopped after step 7" in stalled["message"] and "silent rank" in stalled["message"]
-    assert c.status["incidents"][-1]["cause"] == "Stalled" and len(c.status["incidents"][-1]["pods"]) == 2
-    assert any(e.reason == "Stalled" for e in p.events)
-    restarted = [e.message for e in p.events if e.reason == "WorkerFailed"]
-    assert len(restarted) == 2 and all("training starts over from step 0" in m for m in restarted), restarted
-    p = c.step(at(42))
-    assert sorted((d.name, d.force) for d in p.delete_pods) == [("job-worker-0", False), ("job-worker-1", False)]
-    c.finish_terminations()
-    c.converge(at(43))
-    c.run_all(started=at(43))
-    c.converge(at(44))
-    assert c.status["incidentCount"] == 1 and st.condition_true(c.status, "Stalled"), "until training progresses"
-    c.jobobj["status"]["progress"] = {"globalStep": 8, "updateTime": format_time(at(50))}
-    c.step(at(51))
-    assert not st.condition_true(c.status, "Stalled") and c.status["incidents"][-1]["outcome"] == "Recovered"
-
-
 def test_the_stalled_condition_says_which_clock_runs_from_the_start() -> None:
     c = running_cluster(replicas=2, progressDeadlineSeconds=30, startupDeadlineSeconds=600)
     c.step(at(100))  # past the step deadline, within the start-up allowance: no step yet
@@ -125,19 +101,6 @@ def test_the_stalled_condition_says_which_clock_runs_from_the_start() -> None:
     stalled = st.get_condition(c.status, "Stalled")
     assert stalled is not None and (stalled["status"], stalled["reason"]) == ("False", "Progressing")
     assert c.status.get("incidentCount", 0) == 0
-
-
-def test_a_stall_restart_with_a_checkpoint_claim_does_not_say_it_starts_over() -> None:
-    job = make_job(replicas=2).with_run_policy(progressDeadlineSeconds=30).with_checkpoint(
-        volumeClaim={"size": "1Gi"})
-    c = FakeCluster(job.obj())
-    c.converge(at(0))
-    c.run_all()
-    c.converge(at(1))
-    c.jobobj["status"]["progress"] = {"globalStep": 7, "lastStepTime": "2026-01-01T12:00:10.500Z"}
-    p = c.step(at(41))
-    restarted = [e.message for e in p.events if e.reason == "WorkerFailed"]
-    assert len(restarted) == 2 and not any("starts over" in m for m in restarted), restarted
 
 
 def test_running_workers_of_a_command_the_runtime_cannot_see_are_never_restarted_at_start_up() -> None:

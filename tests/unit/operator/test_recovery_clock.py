@@ -3,6 +3,7 @@ functions, then fault scenarios on the in-memory cluster."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 from typing import Any
 
@@ -10,10 +11,12 @@ import pytest
 from ddpjob_operator import metrics
 from ddpjob_operator.observed import PodView, format_time
 from ddpjob_operator.policies import recovery
+from ddpjob_operator.reconcile import plan
 from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
 from prometheus_client import REGISTRY
 
 from .factories import T0, FakeCluster, at, make_job, pod_obj, running_cluster
+from .test_crd import pruned, status_schema
 
 pytestmark = pytest.mark.unit
 
@@ -187,6 +190,10 @@ NOT_READY = PodView.from_pod({**pod_obj(make_job().obj(), None, created=at(2), s
     ([OLD], [OLD_STORE], LATER, None),  # the store that was lost (or no new one yet)
     ([OLD], [], LATER, None),
     ([OLD, RUNNING_NEW], [NEW_STORE], LATER, None),  # a worker was replaced: the group re-formed (recovered_at)
+    # A spare started after the loss (it replaced one that took a lost worker's place before): rank 0's record
+    # says the group is the one from before the loss, so the pods' start times do not matter.
+    ([OLD, RUNNING_NEW], [NEW_STORE], {**start(-20, -19, -18), "updateTime": format_time(at(6))}, at(30)),
+    ([OLD], [NEW_STORE], {**start(1), "updateTime": format_time(at(6))}, None),  # re-formed: recovered_at decides
     ([], [NEW_STORE], LATER, None),
 ])
 def test_kept_training(running: list[PodView], stores: list[PodView], progress: dict[str, Any], want: Any) -> None:
@@ -236,3 +243,36 @@ def test_an_announced_group_that_did_no_step_yet_has_not_recovered() -> None:
     announced = start(5, 1, 2)  # rendezvous at 5, the previous group's checkpoint and first step at 1 and 2
     assert recovery.recovered_at(at(3), [OLD], announced, at(10)) is None
     assert recovery.recovered_at(at(3), [OLD], start(5, 6, 7), at(10)) == at(7)
+
+
+def test_a_loss_found_late_ends_at_a_step_after_it_was_found_by_a_group_formed_before() -> None:
+    """A worker deleted while no operator watched (a leader takeover): the new leader finds it missing at 0, after
+    a hot spare's group already formed (-5). A step of that group after 0 proves the lost pod is not in it (the
+    group it was in cannot step without it); a step from before proves nothing. Without the flag, only a group
+    formed after 0 would end it: with a spare none ever forms, and the incident stayed open until the job ended."""
+    spare_group = {**start(-5, -4, -3), "lastStepTime": ms(1)}
+    assert recovery.recovered_at(T0, [OLD], spare_group, at(10), unwatched=True) is None  # within the clock margin
+    later = {**spare_group, "lastStepTime": ms(6.5)}
+    assert recovery.recovered_at(T0, [OLD], later, at(10), unwatched=True) == at(6.5)
+    assert recovery.recovered_at(T0, [OLD], later, at(10)) is None  # a loss seen as it happened: a new group
+    incident = {"startTime": format_time(T0), "pods": ["job-worker-1"], "outcome": "Recovering",
+                "lostUnwatched": True}
+    assert recovery.over(incident, STORE, [OLD], [OLD], [OLD_STORE], later, at(10)) == (at(6.5), {})
+
+
+def test_the_operators_first_pass_flags_a_vanished_worker_and_closes_its_incident_on_the_spares_steps() -> None:
+    c = running_cluster(replicas=2)
+    c.jobobj["status"]["progress"] = {**start(-50, -49, -48), "lastStepTime": ms(-1)}
+    c.step(at(2))
+    del c.pods["job-worker-1"]  # gone while no operator ran
+    c.apply(plan(c.jobobj, dataclasses.replace(c.observed(), first_pass=True), at(10)))  # a new operator's first
+    inc = c.status["incidents"][-1]
+    assert (inc["cause"], inc["outcome"], inc.get("lostUnwatched")) == ("PodDeleted", "Recovering", True)
+    c.run_all(started=at(11))
+    c.jobobj["status"]["progress"] = {**start(8, 8.5, 9), "lastStepTime": ms(9)}  # formed before it was found
+    c.step(at(12))
+    assert c.status["incidents"][-1]["outcome"] == "Recovering"
+    c.jobobj["status"]["progress"] = {**start(8, 8.5, 9), "lastStepTime": ms(13)}
+    c.step(at(14))
+    assert c.status["incidents"][-1]["outcome"] == "Recovered"
+    assert pruned(c.status, status_schema()) == []  # the CRD keeps lostUnwatched
