@@ -151,6 +151,7 @@ def test_rbac_cluster_wide_is_least_privilege(cluster: Cluster, release: str, ot
         ("delete", "ddpjobs.ddpjob.io", elsewhere), ("patch", "ddpjobs.ddpjob.io/status", elsewhere),
         ("create", "pods", elsewhere), ("delete", "pods", elsewhere), ("get", "pods", elsewhere),
         ("watch", "pods", anywhere), ("list", "pods", anywhere),
+        ("patch", "pods", elsewhere),  # only the restart request of an in-place stall restart (issue 23 #11)
         ("create", "services", elsewhere), ("get", "services", elsewhere), ("watch", "services", anywhere),
         ("create", "persistentvolumeclaims", elsewhere), ("create", "serviceaccounts", elsewhere),
         ("create", "roles.rbac.authorization.k8s.io", elsewhere),
@@ -179,7 +180,7 @@ def test_rbac_cluster_wide_is_least_privilege(cluster: Cluster, release: str, ot
         ("delete", "persistentvolumes", []), ("create", "persistentvolumes", []),
         # Verbs the operator no longer uses (kube.PERMISSIONS): granted before, refused now.
         ("patch", "ddpjobs.ddpjob.io", elsewhere), ("update", "ddpjobs.ddpjob.io", elsewhere),
-        ("get", "ddpjobs.ddpjob.io/scale", elsewhere), ("patch", "pods", elsewhere),
+        ("get", "ddpjobs.ddpjob.io/scale", elsewhere),
         ("delete", "services", elsewhere), ("delete", "serviceaccounts", elsewhere),
         ("delete", "roles.rbac.authorization.k8s.io", elsewhere), ("patch", "events", elsewhere),
         ("create", "events.events.k8s.io", elsewhere), ("delete", "networkpolicies.networking.k8s.io", elsewhere),

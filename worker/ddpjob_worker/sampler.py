@@ -1,30 +1,97 @@
-"""A DistributedSampler that can start mid-epoch, so a resumed run sees exactly the batches it had not seen."""
+"""Samplers that resume mid-epoch: a resumed run sees exactly the samples it had not seen, whatever the world size.
+
+The position in an epoch is global: how many samples of the epoch's order (the permutation ``DistributedSampler``
+draws from ``seed + epoch``) the whole job has consumed. ``DistributedSampler`` deals that order out round-robin,
+rank r taking positions r, r + W, r + 2W, ...; when every rank has consumed k samples, the job has consumed exactly
+the first k * W positions. So a position is a prefix, and a job that resumes with another world size deals out
+the rest of the same order among its new ranks: over the epoch every sample is seen once, whatever the changes.
+Padding (without ``drop_last``) and the dropped tail (with it) apply to what is left, as ``DistributedSampler``
+applies them to the whole epoch, and without a change the order is exactly ``DistributedSampler``'s.
+"""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DistributedSampler
 
 
-class ResumableDistributedSampler(DistributedSampler[Any]):
-    """``DistributedSampler`` plus ``skip(n)``: the next iteration drops this rank's first ``n`` indices of the
-    epoch's (seeded, set_epoch-dependent) order. Skipping in the sampler costs nothing, where skipping batches
-    of a DataLoader would load and discard them."""
+def remaining_order(order: list[int], start: int, replicas: int, drop_last: bool) -> list[int]:
+    """What is left of an epoch's ``order`` from global position ``start``, cut or padded to a multiple of
+    ``replicas``: padding repeats the epoch's first indices, as ``DistributedSampler`` pads the whole epoch."""
+    rest = order[start:]
+    if drop_last:
+        return rest[:len(rest) - len(rest) % replicas]
+    padding = -len(rest) % replicas
+    if padding and order:
+        rest += (order * math.ceil(padding / len(order)))[:padding]
+    return rest
+
+
+def remaining_count(total: int, start: int, replicas: int, drop_last: bool) -> int:
+    """``len(remaining_order(...))`` without drawing the order."""
+    left = max(0, total - start)
+    return left - left % replicas if drop_last else math.ceil(left / replicas) * replicas
+
+
+class ElasticDistributedSampler(DistributedSampler[Any]):
+    """A drop-in for ``DistributedSampler`` (same arguments, same order without a resume) whose epoch can start at
+    a global position: ``set_epoch(epoch, consumed=...)``, where ``consumed`` is what ``position`` returned when the
+    checkpoint was taken, with any world size then and now.
+
+        sampler.set_epoch(epoch, consumed=state.samples_in_epoch)
+        for i, batch in enumerate(loader, start=1):
+            ...; state.samples_in_epoch = sampler.position(i * batch_size)
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._skip = 0
+        self._start = 0  # where the next iteration starts (once: then the epoch's start again)
+        self._began = 0  # where the current iteration started
+
+    def set_epoch(self, epoch: int, consumed: int = 0) -> None:
+        """Iterate epoch ``epoch`` next, from global position ``consumed`` (0: its start)."""
+        super().set_epoch(epoch)
+        self.resume_at(consumed)
+
+    def resume_at(self, consumed: int) -> None:
+        """The next iteration starts at global position ``consumed`` of the epoch (once)."""
+        if consumed < 0:
+            raise ValueError(f"consumed must be >= 0 samples, got {consumed}")
+        self._start = self._began = min(consumed, len(self.dataset))  # type: ignore[arg-type]
+
+    def position(self, local_samples: int) -> int:
+        """The epoch's global position once this rank has consumed ``local_samples`` samples of the current
+        iteration (every rank the same number): what a checkpoint records to resume from."""
+        return min(len(self.dataset), self._began + local_samples * self.num_replicas)  # type: ignore[arg-type]
+
+    def order(self) -> list[int]:
+        """The epoch's whole order, before padding or cutting (``DistributedSampler``'s permutation)."""
+        total = len(self.dataset)  # type: ignore[arg-type]
+        if not self.shuffle:
+            return list(range(total))
+        generator = torch.Generator()
+        generator.manual_seed(self.seed + self.epoch)
+        return torch.randperm(total, generator=generator).tolist()
+
+    def __iter__(self) -> Iterator[Any]:
+        rest = remaining_order(self.order(), self._start, self.num_replicas, self.drop_last)
+        self._began, self._start = self._start, 0
+        return iter(rest[self.rank::self.num_replicas])
+
+    def __len__(self) -> int:
+        total = len(self.dataset)  # type: ignore[arg-type]
+        return remaining_count(total, self._start, self.num_replicas, self.drop_last) // self.num_replicas
+
+
+class ResumableDistributedSampler(ElasticDistributedSampler):
+    """``DistributedSampler`` plus ``skip(n)``: the next iteration drops this rank's first ``n`` indices of the
+    epoch's order. Right only when the world size is the one the skipped samples were consumed with; use
+    ``ElasticDistributedSampler.set_epoch(epoch, consumed=...)`` where it may change."""
 
     def skip(self, samples: int) -> None:
         """Drop the first ``samples`` indices of the next epoch iteration (once)."""
-        self._skip = max(0, samples)
-
-    def __iter__(self) -> Iterator[Any]:
-        indices = list(super().__iter__())
-        skip, self._skip = self._skip, 0
-        return iter(indices[skip:])
-
-    def __len__(self) -> int:
-        return max(0, self.num_samples - self._skip)
+        self.resume_at(max(0, samples) * self.num_replicas)
