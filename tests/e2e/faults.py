@@ -111,6 +111,17 @@ def leader(cluster: Cluster) -> str:
                            check=False).stdout.strip()
 
 
+def holder_pod(holder: str) -> str:
+    """The operator pod of a Lease holder identity ('' for none)."""
+    return holder.rpartition("_")[0]
+
+
+def operator_nodes(cluster: Cluster) -> dict[str, str]:
+    """Each operator replica's pod and the node it runs on."""
+    return {pod: cluster.kubectl("get", "pod", pod, "-n", t.OPERATOR_NS, "-o", "jsonpath={.spec.nodeName}").stdout
+            for pod in operator_pods(cluster)}
+
+
 def kill9_operator(pod: str) -> int:
     """SIGKILL the operator process of ``pod`` from the host (the real nodes' containers are this host's processes;
     inside the container it is PID 1, which ignores a SIGKILL sent from its own PID namespace)."""
@@ -136,7 +147,7 @@ def kill9_leader(then: Callable[[Cluster, str], None] | None = None, *, graceful
     right after, which the replica that takes over must handle."""
     def inject(cluster: Cluster, ns: str) -> None:
         holder = wait_for(lambda: leader(cluster) or None, timeout=60, describe="an operator leader")
-        pod = holder.rpartition("_")[0]
+        pod = holder_pod(holder)
         at = time.time()
         if graceful:
             cluster.kubectl("delete", "pod", pod, "-n", t.OPERATOR_NS, "--wait=false")

@@ -147,21 +147,19 @@ def test_a_drain_of_the_leading_operators_node_hands_over_within_the_lease(env: 
     leader is moved to the operator's second node first, and a drain of node 0 would evict the runs' pods."""
     background.drain()
     cluster = env.cluster
-    nodes = {pod: cluster.kubectl("get", "pod", pod, "-n", t.OPERATOR_NS, "-o", "jsonpath={.spec.nodeName}").stdout
-             for pod in faults.operator_pods(cluster)}
+    nodes = faults.operator_nodes(cluster)
     if len(set(nodes.values())) < 2:
         pytest.skip(f"the operator's replicas share one node ({nodes}): a drain needs them on two "
                     "(DDPJOB_E2E_NODES=8 gives the second replica a node of its own)")
     node0 = cluster.kubectl("get", "nodes", "-l", "ddpjob.io/real-node-index=0", "-o", "name").stdout.strip()
     holder = faults.leader(cluster)
-    if nodes.get(holder.rpartition("_")[0]) == node0.removeprefix("node/"):
+    if nodes.get(faults.holder_pod(holder)) == node0.removeprefix("node/"):
         faults.kill9_leader(graceful=True)(cluster, "")  # hand the Lease to the replica on the second node
         holder = faults.leader(cluster)
         # Both replicas up again first: the PodDisruptionBudget (maxUnavailable 1) refuses an eviction until then.
         cluster.kubectl("rollout", "status", f"deployment/{t.RELEASE}", "-n", t.OPERATOR_NS, "--timeout=120s")
-        nodes = {pod: cluster.kubectl("get", "pod", pod, "-n", t.OPERATOR_NS, "-o",
-                                      "jsonpath={.spec.nodeName}").stdout for pod in faults.operator_pods(cluster)}
-    node = nodes[holder.rpartition("_")[0]]
+        nodes = faults.operator_nodes(cluster)
+    node = nodes[faults.holder_pod(holder)]
     at = time.time()
     try:
         drained = cluster.kubectl("drain", node, "--ignore-daemonsets", "--delete-emptydir-data", "--timeout=120s")
@@ -171,6 +169,6 @@ def test_a_drain_of_the_leading_operators_node_hands_over_within_the_lease(env: 
     finally:
         cluster.kubectl("uncordon", node, check=False)
     t.log(f"drain of {node}: {drained.stdout.strip().splitlines()[-1]}; {holder} -> {new} in {took:.1f}s")
-    assert nodes.get(new.rpartition("_")[0]) != node
+    assert nodes.get(faults.holder_pod(new)) != node
     assert took <= 15, f"the other replica led only {took:.1f}s after the drain began (lease duration 15 s)"
     results.record("operator-drain", takeover_seconds=round(took, 1), node=node)

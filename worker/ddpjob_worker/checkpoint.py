@@ -6,9 +6,10 @@ Use it from every rank::
                         lr_scheduler=sched)
     state = ckpt.resume()                      # latest valid checkpoint, or a fresh TrainState
     for epoch in range(state.epoch, epochs):
-        sampler.set_epoch(epoch)               # with ResumableDistributedSampler.skip(...) for a mid-epoch start
-        for batch in loader:
+        sampler.set_epoch(epoch, consumed=state.samples_in_epoch)  # ElasticDistributedSampler: mid-epoch start
+        for i, batch in enumerate(loader, start=1):
             ...; optimizer.step(); state.step_in_epoch += 1; state.global_step += 1
+            state.samples_in_epoch = sampler.position(i * batch_size)
             ckpt.after_step(state)             # saves every N steps; on SIGTERM saves and exits 143
         state.next_epoch()                     # so a resume never repeats a finished epoch
     ckpt.close()
@@ -91,7 +92,10 @@ class TrainState:
     epoch: int = 0
     """The epoch in progress (or about to start)."""
     step_in_epoch: int = 0
-    """Optimizer steps already done in ``epoch``: the sampler position (skip this many batches on resume)."""
+    """Optimizer steps already done in ``epoch``."""
+    samples_in_epoch: int = 0
+    """Samples of ``epoch``'s order the whole job has consumed (``ElasticDistributedSampler.position``): where the
+    epoch resumes, with any world size. 0 at an epoch's start, and in checkpoints older than this field."""
     global_step: int = 0
     """Optimizer steps done since the start of training; names the ``step-N`` folder."""
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -101,6 +105,7 @@ class TrainState:
         """Mark the epoch finished, so a checkpoint taken now resumes at the next epoch, not the same one."""
         self.epoch += 1
         self.step_in_epoch = 0
+        self.samples_in_epoch = 0
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

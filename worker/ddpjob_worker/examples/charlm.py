@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, Dataset
 from ddpjob_worker.checkpoint import CheckpointConfig, Checkpointer
 from ddpjob_worker.logs import get_logger
 from ddpjob_worker.progress import ProgressReporter
-from ddpjob_worker.sampler import ResumableDistributedSampler
+from ddpjob_worker.sampler import ElasticDistributedSampler
 
 log = get_logger("charlm")
 DEFAULT_TEXT = Path(__file__).parent / "data" / "keeper.txt"
@@ -121,11 +121,11 @@ def setup_distributed() -> torch.device:
 
 
 def make_data(args: argparse.Namespace, world: int, rank: int
-              ) -> tuple[CharChunks, ResumableDistributedSampler, DataLoader[Any], int]:
+              ) -> tuple[CharChunks, ElasticDistributedSampler, DataLoader[Any], int]:
     """Dataset, this rank's sampler and loader, and the steps per epoch (draws nothing from the global RNG)."""
     dataset = CharChunks(args.text.read_text(encoding="utf-8"), args.seq_len)
-    sampler = ResumableDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed,
-                                          drop_last=True)
+    sampler = ElasticDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed,
+                                        drop_last=True)
     # Its own generator: a DataLoader otherwise draws its base seed from the global torch RNG each time an
     # epoch's iterator is created, which a mid-epoch resume does at a different point of the RNG stream.
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
@@ -159,23 +159,28 @@ def train(args: argparse.Namespace) -> None:
     log.info("training: world %d, %d steps/epoch, epochs %d..%d, device %s", world, steps_per_epoch,
              state.epoch, args.epochs - 1, device)
     started, loss_value = time.monotonic(), math.nan
+    # The epoch in samples of its order, all ranks together: a world-size change mid-epoch resumes at the next
+    # unseen sample (ElasticDistributedSampler) and the epoch ends where it would have.
+    epoch_samples = steps_per_epoch * args.batch_size * world
     for epoch in range(state.epoch, args.epochs):
-        sampler.set_epoch(epoch)
-        sampler.skip(state.step_in_epoch * args.batch_size)  # resume mid-epoch at the exact next batch
+        # A checkpoint older than samples_in_epoch has only the steps, of this same world size.
+        consumed = state.samples_in_epoch or state.step_in_epoch * args.batch_size * world
+        sampler.set_epoch(epoch, consumed=consumed)  # resume mid-epoch at the exact next batch
         model.train()
-        for x, y in loader:
-            if state.step_in_epoch >= steps_per_epoch:
+        for i, (x, y) in enumerate(loader, start=1):
+            if state.samples_in_epoch >= epoch_samples:
                 break
             loss_value = train_step(model, optimizer, scaler, x.to(device), y.to(device))
             scheduler.step()
             state.step_in_epoch += 1
             state.global_step += 1
+            state.samples_in_epoch = sampler.position(i * args.batch_size)
             if state.global_step % args.log_every == 0:
                 log.info("epoch %d step %d/%d loss %.4f (%.1f steps/s)", epoch, state.step_in_epoch,
                          steps_per_epoch, loss_value, state.global_step / (time.monotonic() - started))
             if args.step_delay:
                 time.sleep(args.step_delay)
-            if state.step_in_epoch < steps_per_epoch:  # the epoch's last step is saved below, as epoch+1
+            if state.samples_in_epoch < epoch_samples:  # the epoch's last step is saved below, as epoch+1
                 saved_before = ckpt.last_saved_step
                 ckpt.after_step(state)
                 reporter.report(epoch=epoch, step=state.step_in_epoch, global_step=state.global_step,
