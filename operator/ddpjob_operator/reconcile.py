@@ -9,16 +9,16 @@ safe to repeat (deterministic names, deletes with UID preconditions, losses coun
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from ddpjob_operator import admission, builders, kueue, names
+from ddpjob_operator import admission, builders, kueue, names, recovering
 from ddpjob_operator import status as st
 from ddpjob_operator.admission import KueueInputs, WorkloadWrite
 from ddpjob_operator.aux_conditions import aux_conditions
 from ddpjob_operator.observed import PodView, format_time, parse_time, truncate
+from ddpjob_operator.passes import Pass, begin
 from ddpjob_operator.planning import Observed, Plan
 from ddpjob_operator.policies import (
     children,
@@ -27,7 +27,6 @@ from ddpjob_operator.policies import (
     failure,
     incidents,
     pods,
-    recovery,
     stall,
     stall_restart,
     status_writes,
@@ -36,7 +35,7 @@ from ddpjob_operator.policies import (
     ttl,
 )
 from ddpjob_operator.policies.pods import DeletePod, Replacement
-from ddpjob_operator.spec import DDPJob, InvalidSpec, parse_ddpjob
+from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
 
 Obj = dict[str, Any]
 
@@ -44,59 +43,8 @@ Obj = dict[str, Any]
 RETRY_SOON_SECONDS = 1.0
 #: How often a job with a conflicting child looks again (the foreign object may carry no label we watch).
 CONFLICT_RECHECK_SECONDS = 10.0
-#: Said in a stall restart's Events when the job keeps its checkpoints on the pods' emptyDirs, which go with them.
 
 __all__ = ["DeletePod", "KueueInputs", "Observed", "Plan", "Replacement", "plan"]
-
-
-@dataclasses.dataclass(kw_only=True)
-class _Pass:
-    """The working state of one pass."""
-
-    job: DDPJob
-    old: Mapping[str, Any]
-    obs: Observed
-    now: datetime
-    generation: int
-    workers: list[PodView]
-    rdzv: list[PodView]
-    foreign: list[PodView]
-    restarts: int
-    count: int
-    counted: list[str]
-    recent: list[Obj]
-    start_time: str | None
-    completion_time: str | None = None
-    aux: list[st.Aux] = dataclasses.field(default_factory=list)
-    placements: dict[str, kueue.Placement] | None = None
-    """Kueue's placement of each replica type (an admitted queued job), and its Workload as seen."""
-    workload: kueue.WorkloadView | None = None
-
-    def status(self, outcome: st.Outcome) -> Obj:
-        counts = st.Counts(
-            desired=self.job.spec.replicas, spares=self.job.spec.spares, restarts=self.restarts,
-            incident_count=self.count, incidents=tuple(self.recent), counted_failures=tuple(self.counted),
-            start_time=self.start_time, completion_time=self.completion_time, selector=names.selector(self.job.name),
-        )
-        live = [p for p in self.workers if not p.gone]
-        return st.compute_status(self.old, outcome=outcome, workers=live, counts=counts,
-                                 generation=self.generation, now=self.now, aux=self.aux)
-
-
-def _begin(job: DDPJob, old: Mapping[str, Any], obs: Observed, now: datetime, generation: int) -> _Pass:
-    ours = [p for p in obs.pods if p.owner_uid == job.uid]
-    workers = [p for p in ours if p.replica_type == names.TYPE_WORKER]
-    seen = {p.uid for p in ours}
-    counted = [u for u in old.get("countedFailures") or [] if u in seen]
-    count = max([int(old.get("incidentCount") or 0), obs.incidents_floor, *(p.incident_generation for p in ours)])
-    restarts = max([int(old.get("restarts") or 0), obs.restarts_floor, *(p.generation for p in workers)])
-    return _Pass(
-        job=job, old=old, obs=obs, now=now, generation=generation, workers=workers,
-        rdzv=[p for p in ours if p.replica_type == names.TYPE_RENDEZVOUS],
-        foreign=[p for p in obs.pods if p.owner_uid != job.uid and not p.gone],
-        restarts=restarts, count=count, counted=counted, recent=[dict(i) for i in old.get("incidents") or []],
-        start_time=old.get("startTime"), completion_time=old.get("completionTime"),
-    )
 
 
 def plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
@@ -128,7 +76,7 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
             return _hold_invalid(result, old, edits.condition(err, edit), generation, now)
         job = edit.job
     result.job = job
-    ps = _begin(job, old, observed, now, generation)
+    ps = begin(job, old, observed, now, generation)
     ps.aux.append(edits.condition(result.invalid, edit))
     policy = job.spec.run_policy
     if st.condition_true(old, st.SUCCEEDED) or st.condition_true(old, st.FAILED):
@@ -168,7 +116,7 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
     return _running(result, ps, finishing)
 
 
-def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
+def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     """The job is active: ensure children, count losses into incidents, replace pods, watch for stalls."""
     job, now, policy = ps.job, ps.now, ps.job.spec.run_policy
     kids = _children(result, ps)
@@ -219,15 +167,15 @@ def _running(result: Plan, ps: _Pass, finishing: bool) -> Plan:
                                f"incidents: {ps.count}") for r in pod_plan.replacements]
     if pod_plan.conflicts:  # a conflicting non-pod child already asked for this in _children
         result.requeue_at(now + timedelta(seconds=CONFLICT_RECHECK_SECONDS), now)
-    _restart_in_place(result, ps)
-    _recovery(result, ps)
+    recovering.restart_in_place(result, ps)
+    recovering.close_if_over(result, ps)
     _aux(ps, verdict, conflicts)
     outcome = _state(ps, decision)
     result.workload_writes += admission.pods_ready(job, ps.workload, outcome.state)
     return _with_status(result, ps.old, ps.status(outcome))
 
 
-def _children(result: Plan, ps: _Pass) -> children.ChildrenDecision:
+def _children(result: Plan, ps: Pass) -> children.ChildrenDecision:
     """Every non-pod child exists and is the job's (suspended jobs too: they keep their PVC and Service)."""
     job, now = ps.job, ps.now
     kids = children.decide(
@@ -246,7 +194,7 @@ def _children(result: Plan, ps: _Pass) -> children.ChildrenDecision:
     return kids
 
 
-def _losses(ps: _Pass) -> list[failure.Loss]:
+def _losses(ps: Pass) -> list[failure.Loss]:
     policy, now, node_ready = ps.job.spec.run_policy, ps.now, ps.obs.node_ready
     out = [loss for p in ps.workers if (p.index or 0) < ps.job.spec.pod_count and p.uid not in ps.obs.deleted
            if (loss := failure.worker_loss(p, policy, node_ready, now)) is not None]
@@ -257,7 +205,7 @@ def _losses(ps: _Pass) -> list[failure.Loss]:
     return out
 
 
-def _plan_pods(ps: _Pass, counted: Sequence[str], *, create: bool) -> pods.PodPlan:
+def _plan_pods(ps: Pass, counted: Sequence[str], *, create: bool) -> pods.PodPlan:
     job, now = ps.job, ps.now
     foreign_workers = [p for p in ps.foreign if p.replica_type == names.TYPE_WORKER]
     foreign_rdzv = [p for p in ps.foreign if p.replica_type == names.TYPE_RENDEZVOUS]
@@ -269,7 +217,7 @@ def _plan_pods(ps: _Pass, counted: Sequence[str], *, create: bool) -> pods.PodPl
     )
 
 
-def _loss_event(loss: failure.Loss, incident_id: int, ps: _Pass) -> st.Event:
+def _loss_event(loss: failure.Loss, incident_id: int, ps: Pass) -> st.Event:
     reason = "RendezvousLost" if loss.index is None else "WorkerFailed"
     who = f"worker {loss.index} (pod {loss.pod})" if loss.index is not None else f"pod {loss.pod}"
     return st.Event("Warning", reason, truncate(
@@ -277,7 +225,7 @@ def _loss_event(loss: failure.Loss, incident_id: int, ps: _Pass) -> st.Event:
         f"{ps.count} of backoffLimit {ps.job.spec.run_policy.backoff_limit}"))
 
 
-def _aux(ps: _Pass, verdict: stall.Verdict | None, conflicts: Sequence[str]) -> None:
+def _aux(ps: Pass, verdict: stall.Verdict | None, conflicts: Sequence[str]) -> None:
     found = aux_conditions(ps.recent, verdict, conflicts, ps.obs.problems, [*ps.workers, *ps.rdzv],
                            gang=ps.job.spec.scheduling.gang is not None)
     kueue_queued = next((a for a in ps.aux if a.type == st.QUEUED), None)
@@ -287,50 +235,9 @@ def _aux(ps: _Pass, verdict: stall.Verdict | None, conflicts: Sequence[str]) -> 
         else:
             ps.aux.remove(kueue_queued)
     ps.aux += found
-def _restart_in_place(result: Plan, ps: _Pass) -> None:
-    """A stall restarted in place: write its request on the workers (a pass after the incident's), or replace the
-    pods once the agents left it unanswered."""
-    if not ps.recent or incidents.recovering(ps.recent) is None or not stall_restart.is_in_place(ps.recent[-1]):
-        return
-    last = ps.recent[-1]
-    if stall_restart.unanswered(last, ps.old.get("progress") or {}, ps.now):
-        uids, text = stall_restart.escalate(last, ps.workers, ps.counted, builders.claim_name(ps.job) is not None)
-        ps.counted = [*ps.counted, *uids]
-        result.events.append(st.Event("Warning", "RestartInPlaceUnanswered", truncate(
-            f"incident #{last.get('id')} (Stalled): {text}")))
-        return
-    result.requeue_at(stall_restart.answer_due(last), ps.now)
-    if any(i.get("id") == last.get("id") for i in ps.old.get("incidents") or []):
-        result.annotate_pods = stall_restart.to_annotate(last, ps.workers)
 
 
-def _recovery(result: Plan, ps: _Pass) -> None:
-    """Close the recovering incident once enough workers run and training ran again since it began; record its
-    recovery clock."""
-    last = incidents.recovering(ps.recent)
-    if last is None:
-        return
-    spec = ps.job.spec
-    running = [p for p in ps.workers if p.running and (p.index or 0) < spec.pod_count]
-    if len(running) < spec.replicas or not any(p.running for p in ps.rdzv):
-        return
-    progress = ps.old.get("progress") or {}
-    over = recovery.over(last, names.rendezvous_pod_name(ps.job.name), running, ps.workers, ps.rdzv, progress,
-                         ps.now)
-    if over is None:
-        return
-    at, phases = over
-    ps.recent, closed = incidents.mark_recovered(ps.recent, at, phases)
-    if closed is not None:
-        result.recovered.append(closed)
-        step = f", training at global step {progress.get('globalStep')}" if progress else ""
-        clock = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items())
-        result.events.append(st.Event("Normal", "IncidentRecovered", truncate(
-            f"incident #{closed.get('id')} ({closed.get('cause')}) recovered in {closed.get('recoverySeconds')}s"
-            f"{step}" + (f" ({clock})" if clock else ""))))
-
-
-def _state(ps: _Pass, decision: incidents.Decision) -> st.Outcome:
+def _state(ps: Pass, decision: incidents.Decision) -> st.Outcome:
     spec = ps.job.spec
     # Spares are pods too, but never more workers than spec.replicas: the rendezvous admits no more.
     n_running = min(spec.replicas, sum(p.running and p.index is not None and p.index < spec.pod_count
@@ -348,12 +255,12 @@ def _state(ps: _Pass, decision: incidents.Decision) -> st.Outcome:
     return st.Outcome(state=st.CREATED, reason="WorkersStarting", message=msg)
 
 
-def _suspended(result: Plan, ps: _Pass) -> Plan:
+def _suspended(result: Plan, ps: Pass) -> Plan:
     """Suspended: no pods, but the PVC, the Service and the counts stay."""
     return _held(result, ps, "Suspended", None)
 
 
-def _held(result: Plan, ps: _Pass, reason: str, clear_admission: str | None) -> Plan:
+def _held(result: Plan, ps: Pass, reason: str, clear_admission: str | None) -> Plan:
     """Suspended, or queued in Kueue (not admitted, evicted): no pods, but the PVC, the Service, the Workload and
     the counts stay. Not an incident: the deleted pods count against nothing."""
     ps.start_time = suspend.start_time_after_resume(True, ps.start_time, format_time(ps.now))
@@ -373,12 +280,12 @@ def _held(result: Plan, ps: _Pass, reason: str, clear_admission: str | None) -> 
     return _with_status(result, ps.old, ps.status(outcome))
 
 
-def _fail(result: Plan, ps: _Pass, reason: str, message: str) -> Plan:
+def _fail(result: Plan, ps: Pass, reason: str, message: str) -> Plan:
     ps.completion_time = format_time(ps.now)
     return _finish(result, ps, st.Outcome(state=st.FAILED, reason=reason, message=truncate(message)))
 
 
-def _finish(result: Plan, ps: _Pass, outcome: st.Outcome) -> Plan:
+def _finish(result: Plan, ps: Pass, outcome: st.Outcome) -> Plan:
     """A finished job: close its open incident, apply cleanPodPolicy and the TTL; never create anything again."""
     policy = ps.job.spec.run_policy
     if outcome.state == st.SUCCEEDED:
