@@ -219,8 +219,8 @@ class PodAgent(LocalElasticAgent):
         so they can checkpoint) and re-forms the group, keeping the pod and its checkpoints. The restart is given
         back first: a stall is not this pod's failure, and an agent out of restarts must still obey."""
         now = time.monotonic()
-        if now < self._next_request_check:
-            return None
+        if not self._request_file or now < self._next_request_check:
+            return None  # no file: not a pod of the operator's (ddpjob run)
         self._next_request_check = now + 1.0
         formed = os.environ.get(contract.DDPJOB_RENDEZVOUS_TIME)
         request = restart_request.due(self._request_file, float(formed) if formed else None)

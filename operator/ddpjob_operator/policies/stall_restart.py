@@ -24,6 +24,7 @@ from ddpjob_worker.restart_request import Request
 
 from ddpjob_operator.observed import PodView, parse_time, truncate
 from ddpjob_operator.policies.failure import STALLED, Loss
+from ddpjob_operator.policies.incidents import RECOVERING
 from ddpjob_operator.policies.recovery import group_times
 
 IN_PLACE = "InPlace"
@@ -72,7 +73,7 @@ def to_annotate(incident: Mapping[str, Any] | None, workers: Sequence[PodView]) 
     """The running workers of a recovering in-place incident that do not carry its request yet, with the value to
     write (the incident is in the status already: this is a later pass, so an operator crash cannot restart a
     group twice or lose the request)."""
-    if incident is None or incident.get("outcome") != "Recovering":
+    if incident is None or incident.get("outcome") != RECOVERING:
         return []
     req = request(incident)
     if req is None:
@@ -91,7 +92,7 @@ def answer_due(incident: Mapping[str, Any] | None) -> datetime | None:
 def unanswered(incident: Mapping[str, Any] | None, progress: Mapping[str, Any], now: datetime) -> bool:
     """Whether a recovering in-place incident got no new group (rank 0's record) within ANSWER_SECONDS."""
     due = answer_due(incident)
-    if incident is None or due is None or incident.get("outcome") != "Recovering" or now < due:
+    if incident is None or due is None or incident.get("outcome") != RECOVERING or now < due:
         return False
     began = parse_time(incident.get("startTime"))
     rdzv, _, _ = group_times(progress)
