@@ -16,6 +16,7 @@ from typing import Any
 
 from tests.conftest import Cluster, wait_for
 from tests.e2e import training as t
+from tests.e2e import volumes
 from tests.readable import assert_readable
 
 JOB = "charlm"
@@ -68,10 +69,11 @@ captured under "logs" (pod@uid -> text) for pods that faults replaced."""
 def run_job(env: Env, label: str, scenario: Scenario | None = None, *, claim: bool = True,
             args: list[str] | None = None, run_policy: dict[str, Any] | None = None,
             timeout: float = t.RUN_TIMEOUT, setup: Callable[[str], None] | None = None, inspect: bool = True,
-            **manifest: Any) -> Run:
+            after: Callable[[str], dict[str, Any]] | None = None, **manifest: Any) -> Run:
     """Create the DDPJob, run ``scenario`` against it, wait for Succeeded, read everything, delete the namespace.
     ``setup(namespace)`` runs before the job is created (a Kueue LocalQueue); ``inspect=False``: the trainer
-    writes no final.pt to inspect on the claim (a user's own script)."""
+    writes no final.pt to inspect on the claim (a user's own script); ``after(namespace)`` runs once the job
+    Succeeded, before the namespace goes (reading its volume), and adds to ``extra``."""
     cluster = env.cluster
     ns = fresh_namespace(cluster, label)
     try:
@@ -88,7 +90,10 @@ def run_job(env: Env, label: str, scenario: Scenario | None = None, *, claim: bo
         logs = t.RunLogs.collect(cluster, ns, JOB, extra.pop("logs", None))
         digest = logs.final_digest()
         assert digest, f"{label}: rank 0 logged no final parameter digest\n{logs.text()}"
-        volume: dict[str, Any] = t.inspect_volume(cluster, ns, JOB, env.node_selector) if claim and inspect else {}
+        volume: dict[str, Any] = {}
+        if claim and inspect:
+            volume = volumes.inspect_volume(cluster, ns, JOB, env.node_selector)
+        extra.update(after(ns) if after is not None else {})
         run = Run(label, ns, digest, volume.get("sha256"), volume.get("entries", []), logs.losses(), logs, status,
                   wall, extra)
         checked = assert_readable(cluster.kubectl, ns)

@@ -58,18 +58,6 @@ DIGEST_RE = re.compile(r"final parameters sha256 ([0-9a-f]{64})")
 
 # Run in a helper pod on the checkpoint volume after the job: which checkpoints exist, and a digest of the
 # final parameters over every tensor's exact bytes (names sorted), so "equal" means bitwise equal.
-INSPECT_SCRIPT = r"""
-import hashlib, json, os, torch
-root = "/checkpoints"
-params = torch.load(os.path.join(root, "final.pt"), map_location="cpu", weights_only=True)
-h = hashlib.sha256()
-for name in sorted(params):
-    t = params[name].contiguous()
-    h.update(name.encode()); h.update(str(t.dtype).encode()); h.update(str(tuple(t.shape)).encode())
-    h.update(t.numpy().tobytes())
-print(json.dumps({"sha256": h.hexdigest(), "tensors": len(params),
-                  "entries": sorted(e for e in os.listdir(root) if not e.startswith("."))}))
-"""
 
 
 def log(msg: str) -> None:
@@ -182,12 +170,13 @@ def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: 
                     claim: bool = True, run_policy: dict[str, Any] | None = None,
                     pod_spec: dict[str, Any] | None = None, access_mode: str = "ReadWriteOnce",
                     spares: int = 0, labels: dict[str, str] | None = None, image: str | None = None,
-                    command: list[str] | None = None) -> dict[str, Any]:
+                    command: list[str] | None = None, elastic: dict[str, int] | None = None) -> dict[str, Any]:
     """The job as a user writes it: the cluster's default StorageClass and no securityContext, so the operator's
     fsGroup default is what makes the root-owned volume writable for the worker (UID 10001). ``claim=False``: no
     checkpoint section at all, the API default (a per-pod emptyDir). ``pod_spec`` adds fields to the template's pod
     spec (affinity, tolerations); ``labels`` go on the DDPJob (Kueue's queue and priority). ``image`` and
-    ``command``: a user's own image and its command (instead of the worker image and the trainer's args)."""
+    ``command``: a user's own image and its command (instead of the worker image and the trainer's args);
+    ``elastic``: the job's ``spec.elastic`` (minReplicas, maxReplicas)."""
     run: dict[str, Any] = {"command": command} if command else {"args": args or TRAINER_ARGS}
     pod_spec = pod_spec or {}
     spec: dict[str, Any] = {
@@ -211,6 +200,7 @@ def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: 
                        **({"tolerations": pod_spec["tolerations"]} if "tolerations" in pod_spec else {})},
         # Running: the rendezvous pod goes at the end; Completed workers (and their logs) stay.
         "runPolicy": {"backoffLimit": 6, "cleanPodPolicy": "Running", **(run_policy or {})},
+        **({"elastic": elastic} if elastic else {}),
     }
     if claim:
         volume_claim: dict[str, Any] = {"size": "1Gi", "accessModes": [access_mode]}
@@ -392,26 +382,3 @@ class RunLogs:
 
     def text(self, tail: int = 60) -> str:
         return "\n".join(f"{pod}: {line}" for _, pod, line in self.lines[-tail:])
-
-
-def inspect_volume(cluster: Cluster, ns: str, name: str, node_selector: dict[str, str]) -> dict[str, Any]:
-    """Run a helper pod (the worker image) on the job's checkpoint PVC; returns INSPECT_SCRIPT's JSON."""
-    pod = f"{name}-inspect"
-    manifest = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "namespace": ns},
-        "spec": {"restartPolicy": "Never", "nodeSelector": node_selector, "terminationGracePeriodSeconds": 1,
-                 "securityContext": {"fsGroup": 10001},
-                 "containers": [{"name": "inspect", "image": WORKER_IMAGE, "imagePullPolicy": "IfNotPresent",
-                                 "command": ["python", "-c", INSPECT_SCRIPT],
-                                 "volumeMounts": [{"name": "ckpt", "mountPath": "/checkpoints",
-                                                   "readOnly": True}]}],
-                 "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": f"{name}-checkpoints"}}]},
-    }
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
-    wait_for(lambda: get_json(cluster, "pod", pod, "-n", ns)["status"].get("phase") in ("Succeeded", "Failed"),
-             timeout=180, interval=1, describe=f"helper pod {pod} finished",
-             state=lambda: cluster.kubectl("describe", "pod", pod, "-n", ns).stdout[-2500:])
-    logs = cluster.kubectl("logs", "-n", ns, pod).stdout
-    assert get_json(cluster, "pod", pod, "-n", ns)["status"]["phase"] == "Succeeded", logs
-    result: dict[str, Any] = json.loads(logs.strip().splitlines()[-1])
-    return result

@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.samples import committed, world_changes
+from tests.samples import seen as consumed
 from tests.worker.helpers import LocalJob, wait_exit, wait_until
 
 pytestmark = pytest.mark.torchrun
@@ -29,19 +30,6 @@ def records(logs: Path) -> list[dict[str, Any]]:
 
 def steps_with_world(logs: Path, world: int) -> int:
     return len({r["step"] for r in records(logs) if r["world"] == world})
-
-
-def committed(recs: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
-    """Each step's records from the last group that did it (an earlier group's record of a step was replayed when
-    that group did not checkpoint it before it ended)."""
-    by_step: dict[int, list[dict[str, Any]]] = {}
-    for r in recs:
-        by_step.setdefault(r["step"], []).append(r)
-    out = {}
-    for step, rs in by_step.items():
-        last = max(float(r["group"]) for r in rs)
-        out[step] = [r for r in rs if float(r["group"]) == last]
-    return out
 
 
 @pytest.mark.timeout(420)
@@ -64,10 +52,9 @@ def test_world_size_changes_mid_epoch_see_every_sample_once(job: LocalJob) -> No
         assert wait_exit(agent, 200, job) == 0, job.logs()[-4000:]
     recs = records(logs)
     kept = committed(recs)
-    worlds = [kept[s][0]["world"] for s in sorted(kept)]
-    changes = [w for i, w in enumerate(worlds) if i == 0 or worlds[i - 1] != w]
+    changes = world_changes(kept)
     assert changes[-4:] == [2, 3, 1, 2] or changes == [1, 2, 3, 1, 2], changes
-    seen = Counter(i for rs in kept.values() for r in rs for i in r["indices"])
+    seen = consumed(kept)
     repeated = {i: c for i, c in seen.items() if c > 1}
     left_out = set(range(N)) - set(seen)
     assert not repeated, f"samples seen twice in one epoch: {sorted(repeated)[:20]}"

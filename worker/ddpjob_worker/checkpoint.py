@@ -37,7 +37,7 @@ import torch.distributed as dist
 from ddpjob_worker import contract, fencing, replicas
 from ddpjob_worker.logs import get_logger
 from ddpjob_worker.rngstate import capture_rng as capture_rng  # re-exported: part of this API
-from ddpjob_worker.rngstate import restore_rng
+from ddpjob_worker.rngstate import derive_rng, restore_rng
 from ddpjob_worker.staging import BackgroundWriter, SaveFailures
 from ddpjob_worker.staging import CheckpointSaveFailed as CheckpointSaveFailed  # raised by save, wait and close
 from ddpjob_worker.storage import CorruptCheckpoint, LocalStorage, Storage
@@ -377,10 +377,12 @@ class Checkpointer:
         if self._grad_scaler is not None and data["grad_scaler"] is not None:
             self._grad_scaler.load_state_dict(data["grad_scaler"])
         rngs = data["rng"]
-        if len(rngs) != self.world_size:
-            log.warning("checkpoint step-%d was written by %d ranks, now %d: rank %d takes RNG state %d", step,
-                        len(rngs), self.world_size, self.rank, self.rank % len(rngs))
-        restore_rng(rngs[self.rank % len(rngs)], self.device)
+        if len(rngs) == self.world_size:
+            restore_rng(rngs[self.rank], self.device)
+            return
+        seed = derive_rng(rngs, self.rank, self.world_size)
+        log.info("checkpoint step-%d was written by %d ranks, now %d: rank %d's RNGs seeded with %d, derived from "
+                 "the checkpoint's states (docs/checkpoints.md)", step, len(rngs), self.world_size, self.rank, seed)
 
     def close(self) -> None:
         """Wait for a pending save (collective: raises if it failed), free the staging buffers and give SIGTERM

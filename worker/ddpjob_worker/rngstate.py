@@ -1,10 +1,17 @@
 """Every RNG state a resumed run must get back to draw the same numbers: Python's, numpy's legacy global one,
-torch's CPU generator and the current CUDA device's (checkpoint.py saves them per rank)."""
+torch's CPU generator and the current CUDA device's (checkpoint.py saves them per rank).
+
+When the world size changed since the checkpoint, no rank's old stream is "its own" any more, and handing out old
+states modulo the old world size would give two ranks the same stream (the same dropout masks on different data).
+``derive_rng`` instead seeds every generator of new rank r from a digest of all the checkpoint's states, the new
+world size and r: deterministic (the same checkpoint and world size give the same streams on every resume),
+distinct per rank, and tied to where the run was, not to a constant seed."""
 
 from __future__ import annotations
 
+import hashlib
 import random
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -40,3 +47,23 @@ def restore_rng(state: Mapping[str, Any], device: torch.device | None = None) ->
     if "cuda" in state and torch.cuda.is_available():
         cuda = device if device is not None and device.type == "cuda" else "cuda"
         torch.cuda.set_rng_state(state["cuda"].cpu(), cuda)
+
+
+def derived_seed(states: Sequence[Mapping[str, Any]], rank: int, world: int) -> int:
+    """The seed of new rank ``rank`` of ``world`` from a checkpoint's per-rank ``states``: a digest of every
+    state's torch CPU generator, the world size and the rank (64 bits)."""
+    digest = hashlib.sha256(b"ddpjob rng after a world-size change")
+    for state in states:
+        digest.update(state["torch"].cpu().numpy().tobytes())
+    digest.update(f"{world}/{rank}".encode())
+    return int.from_bytes(digest.digest()[:8], "little")
+
+
+def derive_rng(states: Sequence[Mapping[str, Any]], rank: int, world: int) -> int:
+    """Seed python's, numpy's legacy global and torch's generators (CPU and every CUDA device) of new rank
+    ``rank`` of ``world`` from ``states`` (a checkpoint written by another world size); returns the seed."""
+    seed = derived_seed(states, rank, world)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)  # also seeds every CUDA device's generator
+    return seed

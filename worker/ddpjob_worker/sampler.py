@@ -77,10 +77,16 @@ class ElasticDistributedSampler(DistributedSampler[Any]):
         generator.manual_seed(self.seed + self.epoch)
         return torch.randperm(total, generator=generator).tolist()
 
-    def __iter__(self) -> Iterator[Any]:
+    def rank_indices(self) -> list[int]:
+        """What the next iteration yields on this rank, without starting it (to record which samples a step
+        consumed: micro-batch i of b samples is ``rank_indices()[i * b:(i + 1) * b]``)."""
         rest = remaining_order(self.order(), self._start, self.num_replicas, self.drop_last)
+        return rest[self.rank::self.num_replicas]
+
+    def __iter__(self) -> Iterator[Any]:
+        indices = self.rank_indices()
         self._began, self._start = self._start, 0
-        return iter(rest[self.rank::self.num_replicas])
+        return iter(indices)
 
     def __len__(self) -> int:
         total = len(self.dataset)  # type: ignore[arg-type]

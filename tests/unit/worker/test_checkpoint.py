@@ -177,3 +177,31 @@ def test_payload_is_durable_before_its_marker_exists_and_before_the_rename(tmp_p
     payload = kinds.index(("fsync", PAYLOAD))
     assert events[payload][2:] == (manifest.size, False)  # whole file synced, no marker yet
     assert payload < kinds.index(("fsync", MARKER)) < kinds.index(("rename", "step-3"))
+
+
+def resumed_draws(tmp_path: Path, rank: int, world: int) -> tuple[float, float, float]:
+    """Resume as rank ``rank`` of ``world`` (the attributes a process group would set) and draw once from each
+    RNG the checkpoint restores."""
+    ckpt, _, _ = make(tmp_path)
+    ckpt.rank, ckpt.world_size = rank, world
+    found = ckpt.load_latest_valid()
+    assert found is not None
+    ckpt._restore(*found)  # what resume() does once the data reached this rank
+    return random.random(), float(np.random.rand()), float(torch.rand(1))
+
+
+def test_a_world_size_change_seeds_each_rank_from_the_checkpoint_deterministically(tmp_path: Path,
+                                                                                   caplog: pytest.LogCaptureFixture
+                                                                                   ) -> None:
+    ckpt, model, opt = make(tmp_path)
+    train(model, opt)
+    ckpt.save(TrainState(global_step=1))  # written by one rank
+    own = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    with caplog.at_level(logging.INFO, logger="ddpjob.checkpoint"):
+        ranks = [resumed_draws(tmp_path, r, 3) for r in range(3)]
+    assert "written by 1 ranks, now 3: rank 2's RNGs seeded with" in caplog.text
+    assert len(set(ranks)) == 3, "two ranks share a stream"  # the old modulo rule gave all three the same one
+    assert own not in ranks
+    assert [resumed_draws(tmp_path, r, 3) for r in range(3)] == ranks  # the same checkpoint, the same streams
+    assert resumed_draws(tmp_path, 0, 2) != ranks[0]  # another world size, other streams
+    assert resumed_draws(tmp_path, 0, 1) == own  # unchanged world: rank 0's own state, exactly

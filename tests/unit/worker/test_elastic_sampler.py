@@ -133,3 +133,13 @@ def test_a_resume_applies_to_the_next_iteration_only_and_is_checked() -> None:
         s.set_epoch(1, consumed=-1)
     s.set_epoch(1, consumed=99)
     assert list(s) == [] and s.position(0) == 10
+
+
+@pytest.mark.parametrize("consumed", [0, 5, 11])
+def test_rank_indices_are_what_the_next_iteration_yields_without_starting_it(consumed: int) -> None:
+    for sampler in samplers(13, 3, ElasticDistributedSampler):
+        assert isinstance(sampler, ElasticDistributedSampler)
+        sampler.set_epoch(1, consumed=consumed)
+        ahead = sampler.rank_indices()
+        assert sampler.rank_indices() == ahead == list(sampler)
+        assert len(sampler.rank_indices()) == 5  # the resume applied to that iteration only: 13 padded to 15

@@ -8,11 +8,16 @@ same parameters, bit for bit, as one that was never interrupted (tests/worker ch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import itertools
+import json
 import math
 import os
+import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,7 +29,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset
 
-from ddpjob_worker.checkpoint import CheckpointConfig, Checkpointer
+from ddpjob_worker.checkpoint import CheckpointConfig, Checkpointer, TrainState
+from ddpjob_worker.globalbatch import BatchPlan, plan_batches
 from ddpjob_worker.logs import get_logger
 from ddpjob_worker.progress import ProgressReporter
 from ddpjob_worker.sampler import ElasticDistributedSampler
@@ -75,7 +81,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ddpjob_worker.examples.charlm", description=__doc__)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--steps-per-epoch", type=int, default=0, help="cap steps per epoch (0: the whole text)")
-    p.add_argument("--batch-size", type=int, default=32, help="per rank")
+    p.add_argument("--batch-size", type=int, default=32, help="per rank (with --global-batch: the most per rank)")
+    p.add_argument("--global-batch", type=int, default=0,
+                   help="samples per optimizer step, all ranks together, whatever the world size: gradient "
+                        "accumulation makes up the difference (0: --batch-size per rank, no accumulation)")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--d-model", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
@@ -90,6 +99,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-final", type=Path, default=None, help="rank 0 writes the final parameters here")
     p.add_argument("--step-delay", type=float, default=0.0, help="sleep after each step (tests: kill mid-epoch)")
     p.add_argument("--log-every", type=int, default=20)
+    p.add_argument("--eval-samples", type=int, default=0,
+                   help="at the end rank 0 logs the mean loss over the first N samples, dropout off (0: none)")
+    p.add_argument("--record-samples", type=Path, default=None,
+                   help="tests: each rank appends the sample indices of every step to a JSON-lines file here")
     p.add_argument("--hang-at-step", type=int, default=0,
                    help="tests: at this global step every rank sleeps forever unless --hang-marker exists")
     p.add_argument("--hang-marker", type=Path, default=None,
@@ -98,6 +111,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.hang_at_step and args.hang_marker is None:
         p.error("--hang-at-step needs --hang-marker")
+    if args.global_batch < 0 or args.batch_size < 1:
+        p.error("--global-batch must be >= 0 and --batch-size >= 1")
     return args
 
 
@@ -120,90 +135,181 @@ def setup_distributed() -> torch.device:
     return device
 
 
-def make_data(args: argparse.Namespace, world: int, rank: int
+def make_data(args: argparse.Namespace, world: int, rank: int, plan: BatchPlan
               ) -> tuple[CharChunks, ElasticDistributedSampler, DataLoader[Any], int]:
-    """Dataset, this rank's sampler and loader, and the steps per epoch (draws nothing from the global RNG)."""
+    """Dataset, this rank's sampler and loader (of micro-batches), and the optimizer steps per epoch (draws
+    nothing from the global RNG)."""
     dataset = CharChunks(args.text.read_text(encoding="utf-8"), args.seq_len)
     sampler = ElasticDistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=args.seed,
                                         drop_last=True)
     # Its own generator: a DataLoader otherwise draws its base seed from the global torch RNG each time an
     # epoch's iterator is created, which a mid-epoch resume does at a different point of the RNG stream.
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
+    loader = DataLoader(dataset, batch_size=plan.micro_batch, sampler=sampler, drop_last=True,
                         generator=torch.Generator().manual_seed(args.seed))
-    steps_per_epoch = len(dataset) // world // args.batch_size
+    steps_per_epoch = len(dataset) // plan.global_batch
     if args.steps_per_epoch:
         steps_per_epoch = min(steps_per_epoch, args.steps_per_epoch)
     return dataset, sampler, loader, steps_per_epoch
+
+
+@dataclass
+class Run:
+    """What the epoch loop works with."""
+
+    args: argparse.Namespace
+    device: torch.device
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler | None
+    ckpt: Checkpointer
+    reporter: ProgressReporter
+    sampler: ElasticDistributedSampler
+    loader: DataLoader[Any]
+    plan: BatchPlan
+    steps_per_epoch: int
+    record: SampleRecord | None
 
 
 def train(args: argparse.Namespace) -> None:
     device = setup_distributed()
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
+    try:
+        plan = plan_batches(world, args.batch_size, args.global_batch)
+    except ValueError as err:
+        raise SystemExit(f"--global-batch: {err}") from None
     torch.manual_seed(args.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
-    dataset, sampler, loader, steps_per_epoch = make_data(args, world, rank)
+    dataset, sampler, loader, steps_per_epoch = make_data(args, world, rank, plan)
     model: nn.Module = CharTransformer(len(dataset.vocab), args.seq_len, args.d_model, args.layers, args.heads,
                                        args.dropout).to(device)
     if dist.is_initialized():
         model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    # In optimizer steps: with --global-batch the steps per epoch, and so the schedule, do not depend on the world
+    # size (without it a world-size change keeps the checkpoint's T_max, planned for the old steps per epoch).
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=max(1, args.epochs * steps_per_epoch))
     scaler = torch.amp.GradScaler("cuda") if device.type == "cuda" else None
     torch.manual_seed(args.seed + 1000 + rank)  # dropout differs per rank; restored per rank on resume
     config = CheckpointConfig.from_env(every_steps=args.checkpoint_every, async_save=args.async_save,
                                        **({"directory": args.checkpoint_dir} if args.checkpoint_dir else {}))
     ckpt = Checkpointer(config, model=model, optimizer=optimizer, lr_scheduler=scheduler, grad_scaler=scaler)
-    reporter = ProgressReporter()
+    record = SampleRecord.open(args.record_samples, rank, world) if args.record_samples else None
+    run = Run(args, device, model, optimizer, scheduler, scaler, ckpt, ProgressReporter(), sampler, loader, plan,
+              steps_per_epoch, record)
     state = ckpt.resume()
-    reporter.resumed()
-    log.info("training: world %d, %d steps/epoch, epochs %d..%d, device %s", world, steps_per_epoch,
+    run.reporter.resumed()
+    log.info("training: world %d, %d steps/epoch of %d samples (%d per rank: %d x %d), epochs %d..%d, device %s",
+             world, steps_per_epoch, plan.global_batch, plan.per_rank, plan.accumulation, plan.micro_batch,
              state.epoch, args.epochs - 1, device)
-    started, loss_value = time.monotonic(), math.nan
-    # The epoch in samples of its order, all ranks together: a world-size change mid-epoch resumes at the next
-    # unseen sample (ElasticDistributedSampler) and the epoch ends where it would have.
-    epoch_samples = steps_per_epoch * args.batch_size * world
+    loss_value = math.nan
     for epoch in range(state.epoch, args.epochs):
-        # A checkpoint older than samples_in_epoch has only the steps, of this same world size.
-        consumed = state.samples_in_epoch or state.step_in_epoch * args.batch_size * world
-        sampler.set_epoch(epoch, consumed=consumed)  # resume mid-epoch at the exact next batch
-        model.train()
-        for i, (x, y) in enumerate(loader, start=1):
-            if state.samples_in_epoch >= epoch_samples:
-                break
-            loss_value = train_step(model, optimizer, scaler, x.to(device), y.to(device))
-            scheduler.step()
-            state.step_in_epoch += 1
-            state.global_step += 1
-            state.samples_in_epoch = sampler.position(i * args.batch_size)
-            if state.global_step % args.log_every == 0:
-                log.info("epoch %d step %d/%d loss %.4f (%.1f steps/s)", epoch, state.step_in_epoch,
-                         steps_per_epoch, loss_value, state.global_step / (time.monotonic() - started))
-            if args.step_delay:
-                time.sleep(args.step_delay)
-            if state.samples_in_epoch < epoch_samples:  # the epoch's last step is saved below, as epoch+1
-                saved_before = ckpt.last_saved_step
-                ckpt.after_step(state)
-                reporter.report(epoch=epoch, step=state.step_in_epoch, global_step=state.global_step,
-                                loss=loss_value, checkpoint_step=ckpt.last_saved_step,
-                                checkpoint_time=ckpt.last_saved_time, force=ckpt.last_saved_step != saved_before)
-            hang_if_asked(args, state.global_step, device)
+        loss_value = run_epoch(run, state, epoch, loss_value)
         state.next_epoch()
         if ckpt.preempted():
             ckpt.exit_preempted(state)
         ckpt.save(state)
-        reporter.report(epoch=state.epoch, step=0, global_step=state.global_step, loss=loss_value,
-                        checkpoint_step=ckpt.last_saved_step, checkpoint_time=ckpt.last_saved_time, force=True)
+        run.reporter.report(epoch=state.epoch, step=0, global_step=state.global_step, loss=loss_value,
+                            checkpoint_step=ckpt.last_saved_step, checkpoint_time=ckpt.last_saved_time, force=True)
     ckpt.close()
-    params = {k: v.detach().cpu() for k, v in getattr(model, "module", model).state_dict().items()}
+    finish(run, rank, dataset, state.global_step, loss_value)
+
+
+def run_epoch(run: Run, state: TrainState, epoch: int, loss_value: float) -> float:
+    """The optimizer steps of ``epoch`` from the checkpoint's position; returns the last step's loss."""
+    args, sampler, plan = run.args, run.sampler, run.plan
+    # The epoch in samples of its order, all ranks together: a world-size change mid-epoch resumes at the next
+    # unseen sample (ElasticDistributedSampler) and the epoch ends where it would have.
+    epoch_samples = run.steps_per_epoch * plan.global_batch
+    # A checkpoint older than samples_in_epoch has only the steps, of this same world size and batch.
+    sampler.set_epoch(epoch, consumed=state.samples_in_epoch or state.step_in_epoch * plan.global_batch)
+    indices = sampler.rank_indices() if run.record else []
+    run.model.train()
+    started = time.monotonic()
+    for i, batches in enumerate(grouped(run.loader, plan.accumulation), start=1):
+        if state.samples_in_epoch >= epoch_samples or len(batches) < plan.accumulation:
+            break
+        loss_value = train_step(run.model, run.optimizer, run.scaler, batches, run.device)
+        run.scheduler.step()
+        state.step_in_epoch += 1
+        state.global_step += 1
+        state.samples_in_epoch = sampler.position(i * plan.per_rank)
+        if run.record:
+            run.record.step(epoch, state.global_step, indices[(i - 1) * plan.per_rank:i * plan.per_rank])
+        if state.global_step % args.log_every == 0:
+            log.info("epoch %d step %d/%d loss %.4f (%.1f steps/s)", epoch, state.step_in_epoch,
+                     run.steps_per_epoch, loss_value, i / (time.monotonic() - started))
+        if args.step_delay:
+            time.sleep(args.step_delay)
+        if state.samples_in_epoch < epoch_samples:  # the epoch's last step is saved by the caller, as epoch+1
+            saved_before = run.ckpt.last_saved_step
+            run.ckpt.after_step(state)
+            run.reporter.report(epoch=epoch, step=state.step_in_epoch, global_step=state.global_step,
+                                loss=loss_value, checkpoint_step=run.ckpt.last_saved_step,
+                                checkpoint_time=run.ckpt.last_saved_time,
+                                force=run.ckpt.last_saved_step != saved_before)
+        hang_if_asked(args, state.global_step, run.device)
+    return loss_value
+
+
+def finish(run: Run, rank: int, dataset: CharChunks, steps: int, loss_value: float) -> None:
+    """Rank 0 logs the parameters' digest (and the eval loss, --eval-samples) and writes --save-final."""
+    params = {k: v.detach().cpu() for k, v in getattr(run.model, "module", run.model).state_dict().items()}
     if rank == 0:
         # In the log too: a run whose checkpoints lived on per-pod volumes leaves no file anyone can read later.
         log.info("final parameters sha256 %s", params_sha256(params))
-    if rank == 0 and args.save_final is not None:
-        torch.save(params, args.save_final)
-        log.info("final parameters written to %s", args.save_final)
-    log.info("done: %d steps, final loss %.4f", state.global_step, loss_value)
+        if run.args.eval_samples:
+            log.info("final eval loss %.6f over %d samples", eval_loss(run.model, dataset, run.args.eval_samples,
+                                                                       run.device), run.args.eval_samples)
+    if rank == 0 and run.args.save_final is not None:
+        torch.save(params, run.args.save_final)
+        log.info("final parameters written to %s", run.args.save_final)
+    log.info("done: %d steps, final loss %.4f", steps, loss_value)
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def grouped(loader: Iterable[Any], size: int) -> Iterator[list[Any]]:
+    """The loader's micro-batches, ``size`` at a time (the last group may be short)."""
+    it = iter(loader)
+    while group := list(itertools.islice(it, size)):
+        yield group
+
+
+@torch.no_grad()
+def eval_loss(model: nn.Module, dataset: CharChunks, samples: int, device: torch.device) -> float:
+    """Mean cross-entropy over the dataset's first ``samples`` chunks, dropout off (the same on every run)."""
+    module = getattr(model, "module", model)
+    module.eval()
+    total, count = 0.0, 0
+    for first in range(0, min(samples, len(dataset)), 64):
+        xs, ys = zip(*(dataset[i] for i in range(first, min(first + 64, samples, len(dataset)))), strict=True)
+        x, y = torch.stack(xs).to(device), torch.stack(ys).to(device)
+        logits = module(x)
+        total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="sum"))
+        count += y.numel()
+    return total / max(1, count)
+
+
+class SampleRecord:
+    """--record-samples: one JSON line per optimizer step with the indices this rank consumed in it and its group
+    (rank 0's rendezvous time), so a test can keep each step from the last group that did it."""
+
+    def __init__(self, path: Path, rank: int, world: int, group: str) -> None:
+        self.out, self.rank, self.world, self.group = path.open("a", encoding="utf-8"), rank, world, group
+
+    @classmethod
+    def open(cls, directory: Path, rank: int, world: int) -> SampleRecord:
+        shared = [os.environ.get("DDPJOB_RENDEZVOUS_TIME", f"{time.time():.3f}")]
+        if dist.is_initialized():
+            dist.broadcast_object_list(shared, src=0)
+        directory.mkdir(parents=True, exist_ok=True)
+        return cls(directory / f"rank-{rank}-{socket.gethostname()}-{os.getpid()}.jsonl", rank, world, shared[0])
+
+    def step(self, epoch: int, global_step: int, indices: list[int]) -> None:
+        self.out.write(json.dumps({"epoch": epoch, "step": global_step, "world": self.world, "rank": self.rank,
+                                   "group": self.group, "indices": indices}) + "\n")
+        self.out.flush()
 
 
 def params_sha256(params: dict[str, torch.Tensor]) -> str:
@@ -239,19 +345,31 @@ def hang_if_asked(args: argparse.Namespace, global_step: int, device: torch.devi
 
 
 def train_step(model: nn.Module, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
-               x: torch.Tensor, y: torch.Tensor) -> float:
+               batches: list[tuple[torch.Tensor, torch.Tensor]], device: torch.device) -> float:
+    """One optimizer step on this rank's micro-batches: each one's loss is scaled by 1/len(batches), and DDP
+    all-reduces the gradients once, after the last (no_sync before it), so the step averages the gradients of
+    every sample of the global batch, as one big batch would. Returns this rank's mean loss."""
     optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type=x.device.type, enabled=scaler is not None):
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    total = 0.0
+    for j, (x, y) in enumerate(batches):
+        sync = j == len(batches) - 1 or not isinstance(model, DDP)
+        with contextlib.nullcontext() if sync else model.no_sync():  # type: ignore[operator]
+            with torch.autocast(device_type=device.type, enabled=scaler is not None):
+                logits = model(x.to(device))
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.to(device).reshape(-1))
+            if len(batches) > 1:
+                loss = loss / len(batches)
+            if scaler is not None:
+                scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
+            else:
+                loss.backward()  # type: ignore[no-untyped-call]
+        total += float(loss.detach())
     if scaler is not None:
-        scaler.scale(loss).backward()  # type: ignore[no-untyped-call]
         scaler.step(optimizer)
         scaler.update()
     else:
-        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
-    return float(loss.detach())
+    return total
 
 
 def main(argv: Sequence[str] | None = None) -> None:
