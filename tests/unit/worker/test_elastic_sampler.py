@@ -143,3 +143,15 @@ def test_rank_indices_are_what_the_next_iteration_yields_without_starting_it(con
         ahead = sampler.rank_indices()
         assert sampler.rank_indices() == ahead == list(sampler)
         assert len(sampler.rank_indices()) == 5  # the resume applied to that iteration only: 13 padded to 15
+
+
+def test_a_loader_with_worker_processes_yields_the_resumed_order() -> None:
+    """The sampler runs in the main process; a DataLoader's workers only fetch what it yields."""
+    from torch.utils.data import DataLoader
+
+    data = list(range(40))
+    sampler = ElasticDistributedSampler(data, num_replicas=3, rank=1, seed=5, drop_last=True)
+    sampler.set_epoch(2, consumed=13)
+    want = sampler.rank_indices()
+    loader: DataLoader[int] = DataLoader(data, batch_size=2, sampler=sampler, num_workers=2)  # type: ignore[arg-type]
+    assert [int(i) for batch in loader for i in batch] == want
