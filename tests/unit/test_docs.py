@@ -113,3 +113,21 @@ def test_every_spec_path_the_api_reference_writes_is_in_the_crd() -> None:
                       for m in re.finditer(r"(?<![\w.])spec\.([A-Za-z][\w.]*[A-Za-z0-9])", snippet)
                       if m[1] != "py" and not has_field(spec, m[1])})
     assert not missing, f"spec.* paths docs/api.md writes that the CRD does not have: {missing}"
+
+
+def test_the_rbac_tables_are_the_operators_permissions() -> None:
+    """docs/packaging.md's RBAC tables list exactly kube.PERMISSIONS and kube.CLUSTER_PERMISSIONS."""
+    from ddpjob_operator.kube import CLUSTER_PERMISSIONS, PERMISSIONS
+
+    text = (ROOT / "docs" / "packaging.md").read_text(encoding="utf-8")
+    section = text[text.index("### RBAC"):]
+    section = section[:section.index("\n## ")]
+    documented: dict[str, tuple[str, ...]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        if len(cells) == 3 and cells[0].startswith("`"):
+            for resource in re.findall(r"`([a-z/]+)`", cells[0]):
+                documented[resource] = tuple(sorted(cells[1].split()))
+    every = {**PERMISSIONS, **CLUSTER_PERMISSIONS}
+    granted = {resource: tuple(sorted(verbs)) for (_, resource), verbs in every.items()}
+    assert documented == granted
