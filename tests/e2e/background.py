@@ -90,6 +90,12 @@ def pinned(env: Env) -> Env:
     return env
 
 
+def _depth(name: str, names: set[str]) -> int:
+    """0 for a run that waits for no selected run, else one more than the deepest run it waits for."""
+    waits = [n for n in AFTER.get(name, ()) if n in names]
+    return 1 + max(_depth(n, names) for n in waits) if waits else 0
+
+
 class Background:
     """The session's background runs: started in order, ``CONCURRENCY`` at a time, and the runs that take nodes
     down one per lane at a time."""
@@ -97,9 +103,10 @@ class Background:
     def __init__(self, env: Env, names: Iterable[str], lane_envs: list[Env]) -> None:
         unknown = set(names) - RUNS.keys()
         assert not unknown, f"no background run registered as {sorted(unknown)}"
-        # A run that waits for others is submitted after them, so it never holds a slot they need.
+        # A run that waits for others is submitted after them (and after what they wait for), so it never holds
+        # a slot they need.
         order = [n for n in FIRST if n in names] + sorted(set(names) - set(FIRST),
-                                                          key=lambda n: (bool(AFTER.get(n)), n))
+                                                          key=lambda n: (_depth(n, set(names)), n))
         self._pool = ThreadPoolExecutor(CONCURRENCY, thread_name_prefix="e2e-run")
         self._lane_pool = ThreadPoolExecutor(max(1, len(lane_envs)), thread_name_prefix="e2e-lane")
         self._lanes: queue.Queue[Env] = queue.Queue()
