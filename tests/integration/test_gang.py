@@ -92,12 +92,13 @@ def test_without_gang_the_same_jobs_are_placed_in_part(cluster: Cluster, namespa
     jobs.apply(job("plain-b", namespace, 4, gang=False))
 
     def partial() -> list[tuple[str, int]] | None:
+        # The cluster full (6 slots for 2 x 5 pods) with a job in part: one whole and the other in part, or, as
+        # the default scheduler interleaves the two jobs' pods, both in part (the deadlock gang scheduling avoids).
         counts = [(n, len(bound(jobs, n))) for n in ("plain-a", "plain-b")]
-        full = sum(c == 5 for _, c in counts)
         parts = [c for _, c in counts if 0 < c < 5]
-        return counts if full == 1 and parts and sum(c for _, c in counts) >= 6 else None
+        return counts if parts and sum(c for _, c in counts) >= 6 else None
 
-    counts = wait_for(partial, timeout=60, describe="one job placed, the other in part",
+    counts = wait_for(partial, timeout=60, describe="the cluster full, a job placed in part",
                       state=lambda: jobs.describe("plain-a") + jobs.describe("plain-b"))
     print(f"without gang scheduling, pods bound per job: {counts}")
     assert pod_group(cluster, namespace, "plain-a") is None
