@@ -171,6 +171,7 @@ def run_local(manifest: Path, workdir: Path, kill_after: float | None = None) ->
                 rdzv_conf=(f"is_host=false,join_timeout={rv.join_timeout_seconds},"
                            f"last_call_timeout={rv.last_call_seconds},close_timeout={rv.close_timeout_seconds}"),
                 checkpoint_keep=spec.checkpoint.keep, progress_file=str(progress_file),
+                peer_timeout_seconds=rv.peer_timeout_seconds,
                 termination_log=str(workdir / "logs" / f"worker-{i}.termination"),
             ).to_env()
             argv = agent_argv(container, bindir, inject=spec.runtime.mode == "Inject")

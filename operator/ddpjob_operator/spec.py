@@ -123,6 +123,7 @@ class Rendezvous(_Model):
     join_timeout_seconds: int = Field(default=600, ge=1)
     last_call_seconds: int = Field(default=15, ge=0)
     close_timeout_seconds: int = Field(default=60, ge=1)
+    peer_timeout_seconds: int = Field(default=5, ge=0, le=600)
     node_selector: dict[str, str] | None = None
     tolerations: tuple[dict[str, Any], ...] | None = None
     affinity: dict[str, Any] | None = None

@@ -11,7 +11,9 @@ Four jobs run at once, each in its own namespace, their scripts mounted from a C
   group in place (issue 23 #11): the same two pods throughout, the script resumes from its step-20 checkpoint and
   the job Succeeds with one incident. Before, the restart deleted the pods and with them every checkpoint.
 - **slow start**: sleeps 50 s before its first step, longer than its 20 s step deadline, within its 150 s start-up
-  allowance: Succeeded, no incident, never Stalled.
+  allowance, and takes 30 s to exit after its last step (an atexit upload): Succeeded, no incident, never Stalled.
+  Before the runtime said when the script returned (``progress.finishTime``), a slow exit was a stall after the
+  last step (a CI run on 2026-11-27: 28 s from the last step to the kubelet's report of the exit, under load).
 - **stuck start**: never steps, start-up allowance 60 s: Stalled naming the start-up.
 """
 
@@ -41,7 +43,7 @@ SCRIPTS = {
 JOB = "plain"
 TUTORIAL_DEADLINE = 30
 HANG_AFTER, HANG_DEADLINE, HANG_STEPS = 20, 30, 60
-SLOW_SLEEP, SLOW_DEADLINE, SLOW_STARTUP = 50, 20, 150
+SLOW_SLEEP, SLOW_DEADLINE, SLOW_STARTUP, SLOW_EXIT = 50, 20, 150, 30
 STUCK_DEADLINE, STUCK_STARTUP = 20, 60
 #: Fewer idle processes on two cores (no pre-started trainer) for the jobs that mostly wait; the tutorial keeps
 #: the defaults.
@@ -96,7 +98,8 @@ def cases() -> list[Case]:
         Case("hang", [*plain, "--steps", str(HANG_STEPS), "--hang-after", str(HANG_AFTER), "--hang-once",
                       "--checkpoint", "/checkpoints/plain.pt", "--save-every", "10", "--step-seconds", "0.2"],
              {"progressDeadlineSeconds": HANG_DEADLINE}, env=NO_STANDBY),
-        Case("slow start", [*plain, "--steps", "20", "--sleep-before", str(SLOW_SLEEP)],
+        Case("slow start", [*plain, "--steps", "20", "--sleep-before", str(SLOW_SLEEP), "--exit-seconds",
+                            str(SLOW_EXIT)],
              {"progressDeadlineSeconds": SLOW_DEADLINE, "startupDeadlineSeconds": SLOW_STARTUP}, replicas=1,
              env=NO_STANDBY),
         Case("stuck start", [*plain, "--sleep-before", "100000"],
@@ -248,6 +251,12 @@ def test_a_slow_start_within_the_allowance_is_no_incident(plain_runs: dict[str, 
     t.log(f"slow start: first step {first - start:.0f}s after the rendezvous (step deadline {SLOW_DEADLINE}s, "
           f"start-up allowance {SLOW_STARTUP}s)")
     assert first - start >= SLOW_SLEEP > SLOW_DEADLINE and progress["globalStep"] == 20, progress
+    # Its exit outlasted the step deadline: the script returned (finishTime), then the atexit upload ran.
+    last, finish = t.parse_ts(progress["lastStepTime"]), t.parse_ts(progress["finishTime"])
+    done = t.parse_ts(case.status["completionTime"])
+    t.log(f"slow start: returned {finish - last:.1f}s after its last step, done {done - last:.0f}s after it "
+          f"(step deadline {SLOW_DEADLINE}s)")
+    assert 0 <= finish - last < SLOW_DEADLINE and done - last >= SLOW_EXIT > SLOW_DEADLINE, case.status
 
 
 def test_a_start_up_past_the_allowance_is_stalled_naming_the_start_up(plain_runs: dict[str, Case]) -> None:

@@ -16,6 +16,7 @@ from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from ddpjob_worker import causes, compat, contract, restart_request, storekeeper, warm
 from ddpjob_worker.logs import get_logger
+from ddpjob_worker.membership import Membership
 from ddpjob_worker.storekeeper import StoreKeeper
 
 log = get_logger("agent")
@@ -100,6 +101,7 @@ class PodAgent(LocalElasticAgent):
         self._keeper = StoreKeeper(handler)
         self._request_file = restart_request.request_file(os.environ)
         self._next_request_check = 0.0
+        self._membership: Membership | None = None
         if hasattr(handler, "num_nodes_waiting"):
             handler.num_nodes_waiting = self._guarded_waiting(handler.num_nodes_waiting, fixed_size(handler))
         tune_polls(handler)
@@ -146,6 +148,7 @@ class PodAgent(LocalElasticAgent):
             raise
         finally:
             warm.POOL.close()
+            self._watch_membership(None)
         if result is None:
             # torchrun's run() returns nothing when the rendezvous was closed while this node waited in the
             # redundancy list: the job finished without needing this hot spare, which then exits 0 like a worker.
@@ -184,6 +187,15 @@ class PodAgent(LocalElasticAgent):
         os.environ[contract.DDPJOB_RENDEZVOUS_TIME] = f"{time.time():.3f}"
         log.info("rendezvous complete: this pod is in the group (world of %d agents)",
                  worker_group.group_world_size or 0)
+        self._watch_membership(worker_group)
+
+    def _watch_membership(self, group: WorkerGroup | None) -> None:
+        """Watch the round just completed (ddpjob_worker.membership); None: stop watching (the agent ends)."""
+        if self._membership is not None:
+            self._membership.stop()
+            self._membership = None
+        if group is not None and group.group_rank is not None and group.group_world_size:
+            self._membership = Membership.start(group.spec.rdzv_handler, group.group_rank, group.group_world_size)
 
     def _exit_barrier(self) -> None:
         if self._keeper.lost_since is not None:
@@ -196,7 +208,7 @@ class PodAgent(LocalElasticAgent):
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         # Runs every monitor interval on the main thread, the one a waiting trainer's life is tied to.
         warm.POOL.refill()
-        requested = self._restart_requested()
+        requested = self._restart_requested() or self._membership_lost()
         if requested is not None:
             return requested
         result: RunResult = super()._monitor_workers(worker_group)
@@ -212,6 +224,23 @@ class PodAgent(LocalElasticAgent):
                 log.warning("worker group failed because a peer was lost (rank %s); this torch counts the restart "
                             "(update ddpjob_worker.compat)", rank)
         return result
+
+    def _membership_lost(self) -> RunResult | None:
+        """UNHEALTHY when the round lost a member (ddpjob_worker.membership): the trainers are killed, not asked
+        (a trainer waiting in a collective with a dead peer runs no signal handler until the collective's timeout,
+        and its SIGTERM checkpoint would need that peer too); the group resumes from the last committed
+        checkpoint. The restart is given back: the loss is not this pod's failure."""
+        if self._membership is None or self._keeper.lost_since is not None:
+            return None
+        why = self._membership.lost()
+        if why is None:
+            return None
+        self._watch_membership(None)
+        compat.close_workers(self, signal.SIGKILL, 1)
+        refunded = compat.refund_restart(self)
+        log.warning("%s: killing the trainers and re-forming the group without using a restart%s", why,
+                    "" if refunded else " (this torch counts the restart: update ddpjob_worker.compat)")
+        return RunResult(state=WorkerState.UNHEALTHY)
 
     def _restart_requested(self) -> RunResult | None:
         """An UNHEALTHY result when the operator asked this group to restart in place (a stall: pod annotation

@@ -1,7 +1,7 @@
 """Progress without code changes: in the rank-0 trainer, the recorded runner counts the script's optimizer steps and
 reports them to the DDPJob's ``status.progress`` (steps, step rate, time of the last step) through the progress
 reporter's own path, so a plain script (the PyTorch DDP tutorial's, say) shows its progress and is never taken for
-stalled while it trains.
+stalled while it trains, nor after it returned, while the workers exit (``progress.finishTime``).
 
 What counts as a step: one ``step()`` of any ``torch.optim.Optimizer``, its subclasses included (Apex, DeepSpeed's
 and bitsandbytes' optimizers, and what Lightning, Accelerate and the Hugging Face Trainer step), through torch's
@@ -29,6 +29,9 @@ INTERVAL_SECONDS = 10.0
 #: After the first step, how long the counter waits before its first report: a script with its own reporter
 #: reports right after its first step, and then the counter never sends at all.
 FIRST_REPORT_GRACE_SECONDS = 0.5
+#: How long a returned script's last reports may hold its exit: the job ends after it, so nothing waits on these
+#: seconds, and a finish that never arrives leaves the stall clock running against the workers' exit.
+FINISH_WAIT_SECONDS = 5.0
 
 
 class StepCounter:
@@ -96,12 +99,16 @@ class AutoReporter:
                 return
 
     def close(self) -> None:
-        """The script returned: stop the thread and send the last count (its final step). Not called when the
-        script failed: the failed trainer leaves at once (recorded.leave), the restart is what matters then."""
+        """The script returned: stop the thread, send the last count (its final step) and that the script is done
+        (the operator's stall clocks then wait for the workers' exit, not for a step), and give both a few seconds
+        to go out. Not called when the script failed: the failed trainer leaves at once (recorded.leave), the
+        restart is what matters then."""
         self.stop.set()
         if self.hook is not None:
             self.hook.remove()
         self.send()
+        self.reporter.announce_finish()
+        self.reporter.drain(FINISH_WAIT_SECONDS)
 
 
 class RuntimeReporter(progress.ProgressReporter):

@@ -23,7 +23,7 @@ import inspect
 import signal
 import sys
 from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ddpjob_worker.logs import get_logger
@@ -64,6 +64,8 @@ class Capabilities:
     poll_tuning: bool
     #: The handler's store and state can be switched to a new store (ddpjob_worker.storekeeper).
     store_reconnect: bool
+    #: A silent peer can be removed from the round the way torch's heartbeat sweep removes it (peerwatch).
+    peer_eviction: bool = False
 
     def describe(self) -> str:
         """The one log line, e.g. ``torch 2.6.0: shutdown budget via agent override, numa_options no, ...``."""
@@ -81,6 +83,7 @@ class Capabilities:
             f"leave round {yes(self.leave_round)}",
             f"fast polls {yes(self.poll_tuning)}",
             f"store reconnect {yes(self.store_reconnect)}",
+            f"peer eviction {yes(self.peer_eviction)}",
         ])
 
 
@@ -152,6 +155,9 @@ def _probe() -> Capabilities:
                              and holder_assigns("_cache_duration")),
         store_reconnect=_checked(lambda: assigns(handler_cls.__init__, ["_store", "_state_holder", "_heartbeat_lock"])
                                  and holder_assigns("_backend", "_state", "_token", "_dirty", "_last_sync_time")),
+        peer_eviction=_checked(lambda: assigns(handler_cls.__init__, ["_this_node", "_state_holder", "_heartbeat_lock"])
+                               and holder_assigns("_last_sync_time") and all(
+            callable(getattr(dr._BackendRendezvousStateHolder, m, None)) for m in ("_sanitize", "mark_dirty", "sync"))),
     )
 
 
@@ -380,6 +386,34 @@ def switch_store(handler: Any, store: Any, run_id: str, state_bits: bytes) -> No
     holder._backend, handler._store = backend, store
     holder._state, holder._token, holder._dirty = pickle.loads(bits), token, False
     holder._last_sync_time = -1.0  # the next read goes to the store, not to the cache
+
+
+def this_node(handler: Any) -> Any:
+    """The handler's own node (the key of ``participants`` in the rendezvous state)."""
+    return handler._this_node
+
+
+def evict(handler: Any, round_: int, ranks: Iterable[int]) -> list[str]:
+    """Remove the participants of round ``round_`` that have these ranks, exactly as torch's heartbeat sweep
+    removes a node whose heartbeat expired (its _sanitize: participants, wait and spare lists, and the round's
+    epilogue), only sooner; a compare-and-set, retried while other agents write. The nodes removed: none when the
+    round moved on or another agent removed them first."""
+    holder, wanted = handler._state_holder, set(ranks)
+    with handler._heartbeat_lock:
+        holder._last_sync_time = -1.0  # read the store, not the cache
+        holder.sync()
+        for _ in range(20):
+            state = holder.state
+            nodes = [n for n, r in state.participants.items() if r in wanted] if state.round == round_ else []
+            if not nodes or not state.complete:
+                return []
+            for node in nodes:  # older than any expiry: torch's own sweep takes them out
+                state.last_heartbeats[node] = datetime.min.replace(tzinfo=UTC)
+            holder._sanitize()
+            holder.mark_dirty()
+            if holder.sync():
+                return [str(n) for n in nodes]
+    return []
 
 
 def connect_store(host: str, port: int, connect_timeout: timedelta, timeout: timedelta, libuv: bool) -> Any:

@@ -74,6 +74,10 @@ DDPJOB_TERMINATION_LOG = "DDPJOB_TERMINATION_LOG"
 #: spare's takeover does not pay the interpreter start and ``import torch`` again; costs one idle process per
 #: local rank (its memory is in docs/recovery.md).
 DDPJOB_WARM_TRAINERS = "DDPJOB_WARM_TRAINERS"
+#: Optional: seconds a peer agent may stay silent before the others take it for lost, remove it from the
+#: rendezvous round and re-form the group (``spec.rendezvous.peerTimeoutSeconds``; ddpjob_worker.peerwatch);
+#: ``0`` turns the watch off (torch's own 15 s heartbeat expiry and the collectives' timeouts remain).
+DDPJOB_PEER_TIMEOUT_SECONDS = "DDPJOB_PEER_TIMEOUT_SECONDS"
 #: Set by the agent in a pre-started trainer's environment only: it waits for its rank before running the script.
 DDPJOB_STANDBY = "DDPJOB_STANDBY"
 #: The process name (``/proc/PID/comm``) of a pre-started trainer once its imports are done and it waits for its
@@ -87,6 +91,7 @@ DEFAULT_RDZV_PORT = 29400
 DEFAULT_SIGTERM_BUDGET_SECONDS = 60
 DEFAULT_CHECKPOINT_KEEP = 3
 DEFAULT_DNS_WAIT_SECONDS = 300
+DEFAULT_PEER_TIMEOUT_SECONDS = 5
 DEFAULT_TERMINATION_LOG = "/dev/termination-log"
 
 #: Exit code of ``ddp-worker`` when the contract is broken (EX_CONFIG from sysexits.h). The operator's
@@ -265,6 +270,8 @@ class WorkerEnv:
     """How many valid checkpoints the library keeps (``spec.checkpoint.keep``)."""
     progress_file: str = ""
     """Local JSON progress file for ``ddpjob run``; empty (and not exported) in pods."""
+    peer_timeout_seconds: int = DEFAULT_PEER_TIMEOUT_SECONDS
+    """Seconds a silent peer agent is given before the others remove it and re-form (0: off)."""
     termination_log: str = ""
     """Where ``ddp-worker`` writes the root cause of a failure (the container's terminationMessagePath); empty:
     not exported, and ``ddp-worker`` uses DEFAULT_TERMINATION_LOG when that file exists."""
@@ -295,6 +302,7 @@ class WorkerEnv:
             DDPJOB_SIGTERM_BUDGET_SECONDS: str(self.sigterm_budget_seconds),
             DDPJOB_REPORT_PROGRESS: "1" if self.report_progress else "0",
             DDPJOB_CHECKPOINT_KEEP: str(self.checkpoint_keep),
+            DDPJOB_PEER_TIMEOUT_SECONDS: str(self.peer_timeout_seconds),
         }
         if self.progress_file:
             env[DDPJOB_PROGRESS_FILE] = self.progress_file

@@ -210,6 +210,12 @@ class ProgressReporter:
         if self.enabled and self._cluster and "rendezvousTime" in self.start:
             self._patch({"start": {"restartCount": self.restart_count, "rendezvousTime": self.start["rendezvousTime"]}})
 
+    def announce_finish(self, at: float | None = None) -> None:
+        """Tell the operator that this group's script returned normally (``progress.finishTime``): no step is due
+        any more, only the workers' exit. Sent whoever owns the rest of status.progress."""
+        if self.enabled and self._cluster:
+            self._patch({"finishTime": rfc3339_ms(time.time() if at is None else at)})
+
     def _record(self, progress: dict[str, Any], step_time: float, force: bool) -> None:
         if "firstStepTime" not in self.start:
             self.start["firstStepTime"] = rfc3339_ms(step_time)  # the first report follows the first step

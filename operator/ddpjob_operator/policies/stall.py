@@ -9,6 +9,11 @@ ProgressReporter, or the optimizer steps the worker runtime counts in any Python
 ``lastStepTime``). The runtime cannot count the steps of a command it does not run in-process (a binary, a shell
 script): such a job's running workers are judged only once it reports a step some other way.
 
+Once rank 0's script has returned (``status.progress.finishTime``, written by the runtime as the script returns
+normally) no step is due any more: the workers' exit (interpreter teardown, torchrun's exit barrier, where rank 0
+waits for every other node, the kubelet's report) gets the larger of the two deadlines, and a job still not done
+after it is reported (``NotExiting``), never restarted: restarting the group would train a finished run again.
+
 Past a deadline the job is Stalled and the message says what the operator knows: pods that do not run (and why:
 the scheduler's or the kubelet's reason), workers that run but did no step since the group started (stuck in
 start-up), or training that stopped after step N. ``onStall`` acts only when every pod runs: restarting pods that
@@ -27,11 +32,13 @@ from ddpjob_operator.observed import PodView, format_time, parse_time
 PODS_PENDING = "PodsPending"
 NO_PROGRESS_SINCE_START = "NoProgressSinceStart"
 PROGRESS_STOPPED = "ProgressStopped"
+NOT_EXITING = "NotExiting"
 #: Reasons of a Stalled condition that is False: what the operator is waiting for.
 PROGRESSING = "Progressing"
 STARTING_UP = "StartingUp"
 STEPS_NOT_VISIBLE = "StepsNotVisible"
 DETECTION_OFF = "StallDetectionOff"
+FINISHING = "Finishing"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -76,6 +83,8 @@ class Clock:
     """``globalStep`` of that report."""
     source: str | None = None
     """Who counted it (``status.progress.source``)."""
+    finished: datetime | None = None
+    """When rank 0's script of this group returned normally (``status.progress.finishTime``); None before."""
 
 
 def _latest(*times: datetime | None) -> datetime | None:
@@ -95,7 +104,10 @@ def read_clock(status: Mapping[str, Any], workers: Sequence[PodView]) -> Clock:
     last = parse_time(progress.get("lastStepTime")) or parse_time(progress.get("updateTime"))
     if last is not None and group is not None and last < group:
         last = None  # a step of an earlier group
-    return Clock(group, last, progress.get("globalStep"), progress.get("source"))
+    finished = parse_time(progress.get("finishTime"))
+    if finished is not None and group is not None and finished < group:
+        finished = None  # an earlier group's end: this one was started after it
+    return Clock(group, last, progress.get("globalStep"), progress.get("source"), finished)
 
 
 def _pending_text(pods: Sequence[PodView]) -> str:
@@ -163,6 +175,25 @@ def _starting(clock: Clock, limit: int, waiting: str, visible: bool, now: dateti
     return _past_due(silent, waiting, NO_PROGRESS_SINCE_START, msg)
 
 
+def _finishing(clock: Clock, deadlines: Deadlines, now: datetime) -> Verdict:
+    """Rank 0's script returned: what is left is the workers' exit, allowed the larger of the two deadlines (a
+    rank still writing its final checkpoint holds rank 0 at torchrun's exit barrier, as long as a start-up or a
+    step may take). Past it the job is reported, not restarted: the training it would repeat is done."""
+    assert clock.finished is not None
+    limit = max(deadlines.progress, deadlines.startup)
+    since = format_time(clock.finished)
+    due = clock.finished + timedelta(seconds=limit)
+    if now < due:
+        return Verdict(None, due, FINISHING, f"rank 0's script returned at {since}: waiting for the workers to exit; "
+                                             f"allowed until {format_time(due)} (the larger of "
+                                             "progressDeadlineSeconds and startupDeadlineSeconds)")
+    msg = (f"rank 0's script returned at {since}, but the workers have not all exited for "
+           f"{int((now - clock.finished).total_seconds())}s (allowed {limit}s, the larger of progressDeadlineSeconds "
+           "and startupDeadlineSeconds): a rank whose script has not returned holds the others at torchrun's exit "
+           "barrier; not restarted, since the training is done; see the workers' logs")
+    return Verdict(Stall(NOT_EXITING, msg, False), None)
+
+
 def _past_due(silent: str, waiting: str, reason: str, msg: str) -> Verdict:
     """A deadline passed: a stall ``onStall`` applies to when every pod runs; while some still wait to run, one
     that only says so (restarting the group would not make them run)."""
@@ -180,6 +211,8 @@ def check(status: Mapping[str, Any], workers: Sequence[PodView], rendezvous: Seq
     clock = read_clock(status, workers)
     if clock.group_start is None:
         return Verdict(None, None, STARTING_UP, "the job has not started")
+    if clock.finished is not None:
+        return _finishing(clock, deadlines, now)
     waiting = _pending(workers, rendezvous, replicas)
     if clock.last_step is not None:
         return _stepping(clock, deadlines.progress, waiting, now)

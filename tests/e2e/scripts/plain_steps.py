@@ -3,19 +3,27 @@
 the stall tests (tests/e2e/test_progress.py) it can take its time before the first step (a slow start-up: a
 download, a tokenizer, a big model) and hang after a given step, for ever or once (a marker file next to the
 checkpoint says it did). It keeps its own checkpoint the common way: torch.save of the model, the optimizer and the
-step on every node (each pod has its own disk), and torch.load at start when the file is there.
+step on every node (each pod has its own disk), and torch.load at start when the file is there. Its exit can be
+slow the way real ones are: an atexit handler that takes its time after the script returned (an experiment
+tracker's final upload: wandb's finish runs at exit).
 
 usage: python plain_steps.py [--steps N] [--sleep-before S] [--hang-after N [--hang-once]] [--step-seconds S]
-                             [--checkpoint PATH --save-every N]
+                             [--checkpoint PATH --save-every N] [--exit-seconds S]
 """
 
 import argparse
+import atexit
 import os
 import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def slow_exit(seconds):
+    print(f"at exit: uploading for {seconds}s", flush=True)
+    time.sleep(seconds)
 
 
 def main():
@@ -27,7 +35,10 @@ def main():
     parser.add_argument("--step-seconds", type=float, default=0.1)
     parser.add_argument("--checkpoint", default="", help="file of this node's checkpoint ('': none)")
     parser.add_argument("--save-every", type=int, default=10)
+    parser.add_argument("--exit-seconds", type=float, default=0.0, help="seconds an atexit handler takes")
     args = parser.parse_args()
+    if args.exit_seconds:
+        atexit.register(slow_exit, args.exit_seconds)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     print(f"rank {rank}: start-up for {args.sleep_before}s", flush=True)

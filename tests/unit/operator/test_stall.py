@@ -33,7 +33,7 @@ def ms(seconds: float) -> str:
 
 
 def status(step_at: float | None = None, *, source: str = "OptimizerSteps", rendezvous: float | None = None,
-           old_format: bool = False, **extra: Any) -> dict[str, Any]:
+           finish: float | None = None, old_format: bool = False, **extra: Any) -> dict[str, Any]:
     """A job started at 0 whose rank 0 reported step 42 at ``step_at`` (None: no step reported)."""
     out: dict[str, Any] = {"startTime": format_time(at(0)), **extra}
     progress: dict[str, Any] = {}
@@ -43,6 +43,8 @@ def status(step_at: float | None = None, *, source: str = "OptimizerSteps", rend
             progress.update(lastStepTime=ms(step_at), source=source)
     if rendezvous is not None:
         progress["start"] = {"restartCount": 1, "rendezvousTime": ms(rendezvous)}
+    if finish is not None:
+        progress["finishTime"] = ms(finish)
     if progress:
         out["progress"] = progress
     return out
@@ -78,6 +80,15 @@ PENDING = worker(1, phase="Pending", started_at=None, waiting="Unschedulable: 0/
          "ProgressStopped", None),
         ("a lost worker after steps: reported, not restarted", status(10), [worker(0), PENDING], 71, True,
          "PodsPending", None),
+        # Rank 0's script returned: the workers' exit gets the larger deadline (300), reported past it, not restarted.
+        ("a finished script's workers exiting slowly are no stall", status(10, finish=11), TWO, 200, True,
+         "Finishing", 311),
+        ("a finish holds even with a worker already gone", status(10, finish=11), [worker(0)], 200, True,
+         "Finishing", 311),
+        ("workers that never exit after the finish are reported", status(10, finish=11), TWO, 312, True,
+         "NotExiting", None),
+        ("an earlier group's finish does not count", status(30, rendezvous=40, finish=35), TWO, 341, True,
+         "NoProgressSinceStart", None),
         # A command the runtime does not run in-process: running workers are judged only after a step.
         ("steps not visible: running workers are never judged at start-up", status(), TWO, 5000, False,
          "StepsNotVisible", None),
@@ -94,7 +105,7 @@ def test_stall_clocks(name: str, st: dict[str, Any], workers: list[PodView], now
     assert found == reason, f"{name}: {verdict}"
     assert verdict.due == (at(due) if due is not None else None), name
     if verdict.stall is not None:
-        assert verdict.stall.actionable is (reason != "PodsPending"), name
+        assert verdict.stall.actionable is (reason not in ("PodsPending", "NotExiting")), name
 
 
 def test_progress_deadline_zero_turns_detection_off() -> None:
@@ -147,3 +158,15 @@ def test_pending_stall_names_the_pod_and_the_schedulers_reason() -> None:
     missing = stall.check(status(), [worker(0)], [], 2, DEADLINES, at(400)).stall
     assert missing is not None and missing.reason == "PodsPending"
     assert "1 worker pod(s) not created yet; the rendezvous pod is not created yet" in missing.message
+
+
+def test_a_finish_says_when_the_script_returned_and_why_nothing_is_restarted() -> None:
+    waiting = stall.check(status(10, finish=11), TWO, [RDZV], 2, DEADLINES, at(20))
+    assert waiting.message == ("rank 0's script returned at 2026-01-01T12:00:11Z: waiting for the workers to exit; "
+                               "allowed until 2026-01-01T12:05:11Z (the larger of progressDeadlineSeconds and "
+                               "startupDeadlineSeconds)")
+    found = stall.check(status(10, finish=11), TWO, [RDZV], 2, DEADLINES, at(400)).stall
+    assert found is not None
+    assert found.message.startswith("rank 0's script returned at 2026-01-01T12:00:11Z, but the workers have not all "
+                                    "exited for 389s (allowed 300s"), found.message
+    assert "not restarted, since the training is done" in found.message

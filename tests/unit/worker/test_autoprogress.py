@@ -3,13 +3,14 @@ to a script's own ProgressReporter, and what goes into status.progress."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
-from ddpjob_worker import autoprogress, contract, progress
+from ddpjob_worker import autoprogress, contract, progress, sender
 from ddpjob_worker.progress import ProgressReporter
 
 ENV = {contract.DDPJOB_NAME: "tutorial", contract.DDPJOB_NAMESPACE: "ml", contract.DDPJOB_REPORT_PROGRESS: "1",
@@ -94,7 +95,10 @@ def test_a_script_that_reports_itself_owns_the_progress_and_nothing_is_counted_t
     auto.send()
     auto.close()
     assert script.drain(5) and auto.reporter.drain(5)
-    assert [(b["globalStep"], b["source"]) for b in api.bodies] == [(101, "Reporter")]
+    steps = [(b["globalStep"], b["source"]) for b in api.bodies if "globalStep" in b]
+    assert steps == [(101, "Reporter")]
+    # That the script returned is the runtime's to say, whoever reports the steps.
+    assert [sorted(b) for b in api.bodies if "globalStep" not in b] == [["finishTime"]]
 
 
 def test_the_thread_announces_the_new_group_then_reports_after_the_first_step() -> None:
@@ -115,7 +119,24 @@ def test_the_thread_announces_the_new_group_then_reports_after_the_first_step() 
     auto.close()  # the script returned: its final count goes out, and the thread ends
     thread.join(10)
     assert auto.reporter.drain(5)
-    assert not thread.is_alive() and api.bodies[-1]["globalStep"] == 2
+    counts = [b["globalStep"] for b in api.bodies if "globalStep" in b]
+    assert not thread.is_alive() and counts[-1] == 2 and "finishTime" in api.bodies[-1]
+
+
+def test_a_returned_script_says_so_after_its_last_count() -> None:
+    """The operator's stall clocks stop waiting for a step at finishTime (policies/stall.py); close() has sent both
+    before it returns, so the trainer's exit cannot cut them off."""
+    api, clock = FakeApi(), Clock()
+    counter = autoprogress.StepCounter(clock)
+    auto = autoprogress.AutoReporter(counter, autoprogress.RuntimeReporter(environ=ENV, api=api))
+    clock.t = 1001.0
+    counter()
+    auto.close()
+    # One merged patch or two, in this order: the last count, then the finish (milliseconds, as lastStepTime).
+    sent = sender.merged(*api.bodies) if len(api.bodies) == 2 else api.bodies[0]
+    assert sent["globalStep"] == 1 and sent["lastStepTime"] == "1970-01-01T00:16:41.000Z", api.bodies
+    assert "finishTime" in api.bodies[-1] and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z",
+                                                           sent["finishTime"]), api.bodies
 
 
 def test_nothing_is_installed_where_no_report_could_go() -> None:

@@ -108,6 +108,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hang-marker", type=Path, default=None,
                    help="created by rank 0 when it hangs, so the restarted run goes past the step; must be visible "
                         "to rank 0 after the restart (a shared volume), or the job hangs again")
+    p.add_argument("--pause-at-step", type=int, default=0,
+                   help="tests: at this global step the last rank sleeps --pause-seconds once (a slow step, a "
+                        "long save, a GC pause: the others wait for it in the next collective)")
+    p.add_argument("--pause-seconds", type=float, default=0.0)
     args = p.parse_args(argv)
     if args.hang_at_step and args.hang_marker is None:
         p.error("--hang-at-step needs --hang-marker")
@@ -249,6 +253,7 @@ def run_epoch(run: Run, state: TrainState, epoch: int, loss_value: float) -> flo
                                 checkpoint_time=run.ckpt.last_saved_time,
                                 force=run.ckpt.last_saved_step != saved_before)
         hang_if_asked(args, state.global_step, run.device)
+        pause_if_asked(args, state.global_step)
     return loss_value
 
 
@@ -322,6 +327,17 @@ def params_sha256(params: dict[str, torch.Tensor]) -> str:
         digest.update(str(tuple(t.shape)).encode())
         digest.update(t.numpy().tobytes())
     return digest.hexdigest()
+
+
+def pause_if_asked(args: argparse.Namespace, global_step: int) -> None:
+    """Tests of false alarms: the last rank takes ``--pause-seconds`` at ``--pause-at-step``, in this process only
+    (a restarted group that passes the step again does not pause)."""
+    if not args.pause_at_step or global_step != args.pause_at_step or getattr(args, "paused", False):
+        return
+    args.paused = True
+    if int(os.environ.get("RANK", "0")) == int(os.environ.get("WORLD_SIZE", "1")) - 1:
+        log.warning("pausing %.1fs at step %d on purpose (--pause-at-step)", args.pause_seconds, global_step)
+        time.sleep(args.pause_seconds)
 
 
 def hang_if_asked(args: argparse.Namespace, global_step: int, device: torch.device) -> None:
