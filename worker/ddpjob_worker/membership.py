@@ -3,8 +3,8 @@ whole. torchrun restarts a healthy group only when its own trainers fail or a no
 dies silently (its node powered off, cut off, frozen) leaves the survivors waiting in a collective until its
 timeout (gloo: 30 min by default). Here the agent notices a silent peer within ``peerTimeoutSeconds``
 (ddpjob_worker.peerwatch), removes it from the round the way torch's own heartbeat sweep would, and restarts its
-group as soon as the round lost a member, by whoever's hand: this pod's watch, another survivor's, torch's sweep,
-or a peer that left the round on its way out. A hot spare then joins at once (it waits for a round with room)."""
+group once the round lost a peer this agent sees silent too (whoever removed it: this agent, another survivor,
+torch's sweep), or this pod itself was removed. A hot spare then joins at once (it waits for a round with room)."""
 
 from __future__ import annotations
 
@@ -81,9 +81,12 @@ class Membership:
         if state.round != self.round or self.me not in state.participants:
             return "this pod was removed from its rendezvous round (its peers took it for lost)"
         missing = self.world - len(state.participants)
-        if missing > 0:
-            silent = f" (silent: rank {', '.join(map(str, dead))})" if dead else ""
-            return f"{missing} of the group's {self.world} pods left rendezvous round {self.round}{silent}"
+        if dead and missing > 0:
+            # Only for a silence this agent saw itself: a peer that left the round on its way out ended its
+            # processes, its sockets are closed and the collectives fail by themselves, after the peer's
+            # SIGTERM checkpoint, which every rank writes and none may be killed in.
+            return (f"{missing} of the group's {self.world} pods are gone from rendezvous round {self.round} "
+                    f"(silent: rank {', '.join(map(str, dead))})")
         return None
 
     def _evict(self, dead: list[int]) -> None:
