@@ -148,7 +148,7 @@ class PodAgent(LocalElasticAgent):
             raise
         finally:
             warm.POOL.close()
-            self._watch_membership(None)
+            self._watch_membership(None, final=True)
         if result is None:
             # torchrun's run() returns nothing when the rendezvous was closed while this node waited in the
             # redundancy list: the job finished without needing this hot spare, which then exits 0 like a worker.
@@ -189,10 +189,11 @@ class PodAgent(LocalElasticAgent):
                  worker_group.group_world_size or 0)
         self._watch_membership(worker_group)
 
-    def _watch_membership(self, group: WorkerGroup | None) -> None:
-        """Watch the round just completed (ddpjob_worker.membership); None: stop watching (the agent ends)."""
+    def _watch_membership(self, group: WorkerGroup | None, final: bool = False) -> None:
+        """Watch the round just completed (ddpjob_worker.membership); None: stop watching (``final``: the agent
+        ends)."""
         if self._membership is not None:
-            self._membership.stop()
+            self._membership.stop(final)
             self._membership = None
         if group is not None and group.group_rank is not None and group.group_world_size:
             self._membership = Membership.start(group.spec.rdzv_handler, group.group_rank, group.group_world_size)

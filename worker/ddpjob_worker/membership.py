@@ -53,7 +53,8 @@ class Membership:
         self.round = compat.handler_state(handler).round
         self.me = compat.this_node(handler)
         prefix = f"ddpjob.peers/{handler.get_run_id()}/{self.round}"
-        self.watch = PeerWatch(_connector(handler, min(2.0, budget / 2)), prefix, rank, world, budget)
+        self.timeout = min(2.0, budget / 2)
+        self.watch = PeerWatch(_connector(handler, self.timeout), prefix, rank, world, budget, reconnect=self.timeout)
         if world > 1:
             self.watch.start()
 
@@ -69,8 +70,9 @@ class Membership:
             return None
         return cls(handler, rank, world, budget)
 
-    def stop(self) -> None:
-        self.watch.stop()
+    def stop(self, final: bool = False) -> None:
+        """Stop watching; ``final``: the agent exits, so wait for the watch's store call in flight to end."""
+        self.watch.stop(self.timeout + self.watch.poll if final else 0.0)
 
     def lost(self) -> str | None:
         """Why this group must re-form now, or None while it is whole. Removes the peers the watch found silent."""

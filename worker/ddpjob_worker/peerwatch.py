@@ -10,8 +10,10 @@ its own with short timeouts, so a partition never holds the agent's main thread)
 peer's age is the time since this agent last *saw its counter change*, on this agent's monotonic clock: no remote
 time is ever compared. Any gap in this agent's own polling (it was paused, starved, a read failed or took too long,
 the store restarted) resets every age to zero: no verdict from a watcher that was not watching. A peer is dead when
-its age reaches the budget. The agent then removes it from the rendezvous round (ddpjob_worker.agent), exactly what
-torch's sweep would do 15 s or more later, and the group re-forms, with a hot spare at once.
+its age reaches the budget (more for a peer not seen beating since the watch started or came back from a store
+outage: the agents' watches reconnect each on its own). The agent then removes it from the rendezvous round
+(ddpjob_worker.membership), exactly what torch's sweep would do 15 s or more later, and the group re-forms, with a
+hot spare at once.
 
 The beats come from the agent process, not the trainers, so a slow step, a long synchronous save, a trainer's GC
 pause or a CPU-bound data loader never stops them: only a dead, frozen or cut-off pod does."""
@@ -54,33 +56,39 @@ class PeerAges:
     counters (None: the read failed) and the observer's monotonic time, and answers the peers silent for at
     least ``budget`` seconds of uninterrupted watching."""
 
-    def __init__(self, peers: Iterable[int], budget: float, poll: float, now: float) -> None:
+    def __init__(self, peers: Iterable[int], budget: float, poll: float, now: float, reconnect: float = 0.0) -> None:
         self.budget = budget
         self.max_gap = 2 * poll
-        self.values: dict[int, int] = dict.fromkeys(peers, 0)  # 0: never beat (a counter starts at 1)
+        self.values: dict[int, int] = dict.fromkeys(peers, 0)
         self.changed: dict[int, float] = dict.fromkeys(self.values, now)
         self.last_poll = now
-        # A peer that never beats had until its own first poll: agents finish a rendezvous up to a poll apart.
-        self.first_grace = 2 * poll
+        # A peer not seen beating since the watch started or resumed gets more: agents finish a rendezvous up to a
+        # poll apart, and after a store outage each one's watch reconnects on its own (a connect can take
+        # ``reconnect`` seconds), so the first beats in the new store come up to that much later.
+        self.grace = 2 * poll + reconnect
+        self.fresh: set[int] = set(self.values)
+        self.failing = False
 
     def observe(self, counters: Mapping[int, int] | None, now: float) -> list[int]:
-        gap = counters is None or now - self.last_poll > self.max_gap
-        self.last_poll = now
+        gap = counters is None or self.failing or now - self.last_poll > self.max_gap
+        self.last_poll, self.failing = now, counters is None
         if counters is None:
             self._reset(now)
             return []
         for rank, value in counters.items():
             if rank in self.values and value != self.values[rank]:
                 self.values[rank], self.changed[rank] = value, now
+                self.fresh.discard(rank)
         if gap:
             self._reset(now)  # the values just read are the new baseline; their ages start now
             return []
         return sorted(r for r, at in self.changed.items()
-                      if now - at >= self.budget + (self.first_grace if self.values[r] == 0 else 0))
+                      if now - at >= self.budget + (self.grace if r in self.fresh else 0))
 
     def _reset(self, now: float) -> None:
         for rank in self.changed:
             self.changed[rank] = now
+        self.fresh = set(self.changed)
 
     def ages(self, now: float) -> dict[int, float]:
         return {r: round(now - at, 1) for r, at in self.changed.items()}
@@ -91,7 +99,7 @@ class PeerWatch:
     latest verdict. The key names carry the run and the round, so an earlier round's counters never count."""
 
     def __init__(self, connect: Callable[[], Any], prefix: str, rank: int, world: int, budget: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, reconnect: float = 0.0) -> None:
         self.connect = connect
         self.prefix = prefix
         self.rank = rank
@@ -99,7 +107,7 @@ class PeerWatch:
         self.poll = poll_seconds(budget)
         self.peers = watched(rank, world)
         self.clock = clock
-        self.ages = PeerAges(self.peers, budget, self.poll, clock())
+        self.ages = PeerAges(self.peers, budget, self.poll, clock(), reconnect)
         self._dead: list[int] = []
         self._stop = threading.Event()
         self._store: Any = None
@@ -112,8 +120,13 @@ class PeerWatch:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 0.0) -> None:
+        """Stop the thread; ``wait`` seconds at most for it to end (its store call in flight gives up within its
+        timeout). The agent waits when it exits: torch 2.6 aborts a process whose exit finds a thread inside a
+        store client's connect ("terminate called without an active exception")."""
         self._stop.set()
+        if wait > 0 and self._thread.is_alive():
+            self._thread.join(wait)
 
     def dead(self) -> list[int]:
         return list(self._dead)

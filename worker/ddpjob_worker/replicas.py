@@ -102,7 +102,7 @@ def object_group() -> Any:
     if not (dist.is_available() and dist.is_initialized()) or not needs_object_group(dist.get_backend()):
         return None
     group = dist.new_group(backend="gloo")
-    compat.keep_group(group)  # freed with its Checkpointer, it could hang the trainer on torch < 2.15 (compat.py)
+    compat.keep_group(group)  # freed with its Checkpointer, it could hang the trainer on torch < 2.15 (compat)
     return group
 
 
@@ -154,7 +154,7 @@ def transfer(plan: ResumePlan, data: dict[str, Any] | None) -> dict[str, Any] | 
     payload: list[Any] = [to_host(data, copy=False) if rank == plan.source else None]
     dist.broadcast_object_list(payload, src=plan.source, group=group)
     dist.destroy_process_group(group)
-    compat.keep_group(group)  # freed as this function returns, it hung resumes on torch 2.6 (compat.py)
+    compat.keep_group(group)  # freed as this function returns, it hung resumes on torch 2.6 (compat)
     if rank == plan.source:
         return None
     received: dict[str, Any] = payload[0]

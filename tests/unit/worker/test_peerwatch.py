@@ -37,17 +37,29 @@ def test_a_peer_that_stops_beating_is_dead_after_the_budget() -> None:
     assert all(v in ([], [2]) for v in verdicts)
 
 
-@pytest.mark.parametrize(("name", "reads"), [
-    ("a watcher paused longer than two polls starts over", [(11.0, {1: 10}), (17.0, {1: 10}), (18.0, {1: 10})]),
-    ("a failed read starts over", [(11.0, {1: 10}), (12.0, None), (13.0, {1: 10}), (14.0, {1: 10})]),
+@pytest.mark.parametrize(("name", "reads", "watching_again"), [
+    ("a watcher paused longer than two polls starts over", [(11.0, {1: 10}), (17.0, {1: 10})], 17.0),
+    ("a failed read starts over", [(11.0, {1: 10}), (12.0, None), (13.0, {1: 10})], 13.0),
 ])
-def test_no_verdict_from_a_watcher_that_was_not_watching(name: str, reads: list[Any]) -> None:
+def test_no_verdict_from_a_watcher_that_was_not_watching(name: str, reads: list[Any], watching_again: float) -> None:
     ages = PeerAges([1], BUDGET, POLL, 0.0)
     run(ages, beats(1, 10, lambda t: {1: int(t)}))
     assert run(ages, reads)[-1] == [], name
-    # The budget then counts from the end of the gap: silence watched for 5 s after it is a verdict.
-    resumed = reads[-1][0]
-    assert run(ages, beats(resumed + 1, resumed + 5, lambda t: {1: 10}))[-1] == [1], name
+    # The budget counts from the first good read after the gap, with the grace of a peer not seen beating since
+    # (2 polls): silence watched for 7 s after it is a verdict, not before.
+    verdicts = run(ages, beats(watching_again + 1, watching_again + 7, lambda t: {1: 10}))
+    assert verdicts[-2] == [] and verdicts[-1] == [1], (name, verdicts)
+
+
+def test_after_a_store_outage_a_peer_may_reconnect_later_than_this_watch() -> None:
+    """The store came back at t=20 (its counters are gone: every read is 0 at first); this watch reconnected at
+    once, the peer's watch 6 s later (a connect timing out at 2 s, retried): within budget + 2 polls + a connect."""
+    ages = PeerAges([1, 2], BUDGET, POLL, 0.0, reconnect=2.0)
+    run(ages, beats(1, 10, lambda t: {1: int(t), 2: int(t)}))
+    run(ages, [(t, None) for t in (11.0, 12.0, 13.0, 14.0, 15.0, 16.0, 17.0, 18.0, 19.0)])
+    late = run(ages, beats(20, 31, lambda t: {1: max(0, int(t) - 25), 2: 0}))  # rank 1 beats from t=26 on
+    assert all(1 not in v for v in late)
+    assert late[9 - 1] == [] and late[10 - 1] == [2]  # rank 2: silent 9 s (5 + 2 + 2) after the store came back
 
 
 def test_a_peer_that_never_beat_gets_two_polls_more() -> None:
