@@ -9,6 +9,7 @@ torch's sweep), or this pod itself was removed. A hot spare then joins at once (
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -37,6 +38,10 @@ def _connector(handler: Any, timeout: float) -> Any:
 
     def connect() -> Any:
         store = compat.handler_store(handler)
+        # A plain socket first: while the store is down, a torch client's failed connect raises a C++ error whose
+        # backtrace takes seconds to format under load, and a process that exits meanwhile aborts (torch's
+        # "terminate called without an active exception"). Refused or timed out here costs nothing.
+        socket.create_connection((store.host, store.port), timeout).close()
         limit = timedelta(seconds=timeout)
         return compat.connect_store(store.host, store.port, limit, limit, compat.store_uses_libuv(store))
 
@@ -72,7 +77,7 @@ class Membership:
 
     def stop(self, final: bool = False) -> None:
         """Stop watching; ``final``: the agent exits, so wait for the watch's store call in flight to end."""
-        self.watch.stop(self.timeout + self.watch.poll if final else 0.0)
+        self.watch.stop(2 * self.timeout + self.watch.poll + 2 if final else 0.0)
 
     def lost(self) -> str | None:
         """Why this group must re-form now, or None while it is whole. Removes the peers the watch found silent."""

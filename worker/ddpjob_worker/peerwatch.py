@@ -127,6 +127,7 @@ class PeerWatch:
         self._stop.set()
         if wait > 0 and self._thread.is_alive():
             self._thread.join(wait)
+            log.info("peer watch stopped (%s)", "still in a store call" if self._thread.is_alive() else "ended")
 
     def dead(self) -> list[int]:
         return list(self._dead)
