@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from typing import Protocol
 
 from ddpjob_worker.logs import get_logger
 
@@ -36,6 +36,8 @@ RING = 3
 
 
 class Store(Protocol):
+    """What the watch needs of a store client: torch's TCPStore, or a test's fake."""
+
     def add(self, key: str, value: int) -> int: ...
 
 
@@ -98,7 +100,7 @@ class PeerWatch:
     """One daemon thread per round: beats this agent's counter and reads its peers' every poll; ``dead()`` is the
     latest verdict. The key names carry the run and the round, so an earlier round's counters never count."""
 
-    def __init__(self, connect: Callable[[], Any], prefix: str, rank: int, world: int, budget: float,
+    def __init__(self, connect: Callable[[], Store], prefix: str, rank: int, world: int, budget: float,
                  clock: Callable[[], float] = time.monotonic, reconnect: float = 0.0) -> None:
         self.connect = connect
         self.prefix = prefix
@@ -110,7 +112,7 @@ class PeerWatch:
         self.ages = PeerAges(self.peers, budget, self.poll, clock(), reconnect)
         self._dead: list[int] = []
         self._stop = threading.Event()
-        self._store: Any = None
+        self._store: Store | None = None
         self._thread = threading.Thread(target=self._run, name=f"ddpjob-peerwatch-{rank}", daemon=True)
 
     def key(self, rank: int) -> str:
