@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from ddpjob_worker import procs
+from ddpjob_worker.storeclient import CounterClient
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, re-exported from torch._C
 
 from tests.cluster.controlplane import free_port
@@ -239,3 +240,40 @@ def test_the_default_server_imports_no_torch_and_stops_on_sigterm(tmp_path: Path
     assert "ddpjob_worker.storeserver" in imported[default.log] and "torch" not in imported[default.log]
     assert "torch" in imported[torch_one.log], "the check would not see torch being imported"
     assert "rendezvous store stopping" in default.log.read_text()
+
+
+def test_the_peer_watchs_client_counts_with_torchs_clients(server: Server, libuv: bool) -> None:
+    """ddpjob_worker.storeclient speaks torch's bytes: its counters are torch's counters, both ways."""
+    torch_client, ours = server.client(libuv), CounterClient("127.0.0.1", server.port, 2)
+    try:
+        assert ours.add("ddpjob.peers/r/0/1", 1) == 1 and torch_client.add("ddpjob.peers/r/0/1", 2) == 3
+        assert ours.add("ddpjob.peers/r/0/1", 0) == 3 and ours.add("ddpjob.peers/r/0/2", 0) == 0
+    finally:
+        ours.close()
+
+
+def test_the_peer_watchs_client_on_torchs_own_server(libuv: bool) -> None:
+    master = TCPStore("127.0.0.1", 0, is_master=True, timeout=TIMEOUT, use_libuv=libuv, wait_for_workers=False)
+    ours = CounterClient("127.0.0.1", master.port, 2)
+    try:
+        assert ours.add("k", 4) == 4 and master.add("k", 1) == 5 and ours.add("k", 0) == 5
+    finally:
+        ours.close()
+
+
+def test_a_frozen_store_costs_the_peer_watchs_client_its_timeout_not_more(server: Server) -> None:
+    """The store process stopped (as on a powered-off node: the connection stays open, nothing answers). torch's
+    own client waits in such an ``add`` until the kernel drops the connection; the watch's gives up in time."""
+    ours = CounterClient("127.0.0.1", server.port, 1)
+    assert ours.add("k", 1) == 1
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            ours.add("k", 1)
+        with pytest.raises(TimeoutError):
+            CounterClient("127.0.0.1", server.port, 1)  # the kernel accepts; the PING is never answered
+        assert time.monotonic() - started < 4
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        ours.close()

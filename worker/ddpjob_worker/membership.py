@@ -4,19 +4,19 @@ dies silently (its node powered off, cut off, frozen) leaves the survivors waiti
 timeout (gloo: 30 min by default). Here the agent notices a silent peer within ``peerTimeoutSeconds``
 (ddpjob_worker.peerwatch), removes it from the round the way torch's own heartbeat sweep would, and restarts its
 group once the round lost a peer this agent sees silent too (whoever removed it: this agent, another survivor,
-torch's sweep), or this pod itself was removed. A hot spare then joins at once (it waits for a round with room)."""
+torch's sweep), or its peers formed a new round without this pod. A hot spare then joins at once (it waits for a
+round with room)."""
 
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Mapping
-from datetime import timedelta
 from typing import Any
 
 from ddpjob_worker import compat, contract
 from ddpjob_worker.logs import get_logger
 from ddpjob_worker.peerwatch import PeerWatch
+from ddpjob_worker.storeclient import CounterClient
 
 log = get_logger("membership")
 
@@ -34,16 +34,12 @@ def peer_timeout(environ: Mapping[str, str] = os.environ) -> float:
 
 def _connector(handler: Any, timeout: float) -> Any:
     """A new client of the handler's store (whichever it is now: the store keeper may have switched it) whose
-    calls give up after ``timeout``: a partitioned store must cost the watch a poll, never the agent a minute."""
+    connect and calls give up after ``timeout``: a lost or partitioned store must cost the watch a poll, never
+    the agent a minute (torch's own client does not bound an ``add``: ddpjob_worker.storeclient)."""
 
-    def connect() -> Any:
+    def connect() -> CounterClient:
         store = compat.handler_store(handler)
-        # A plain socket first: while the store is down, a torch client's failed connect raises a C++ error whose
-        # backtrace takes seconds to format under load, and a process that exits meanwhile aborts (torch's
-        # "terminate called without an active exception"). Refused or timed out here costs nothing.
-        socket.create_connection((store.host, store.port), timeout).close()
-        limit = timedelta(seconds=timeout)
-        return compat.connect_store(store.host, store.port, limit, limit, compat.store_uses_libuv(store))
+        return CounterClient(store.host, store.port, timeout)
 
     return connect
 
@@ -59,6 +55,7 @@ class Membership:
         self.me = compat.this_node(handler)
         prefix = f"ddpjob.peers/{handler.get_run_id()}/{self.round}"
         self.timeout = min(2.0, budget / 2)
+        self._told_removed = False
         self.watch = PeerWatch(_connector(handler, self.timeout), prefix, rank, world, budget, reconnect=self.timeout)
         if world > 1:
             self.watch.start()
@@ -85,16 +82,13 @@ class Membership:
         if dead:
             self._evict(dead)
         state = compat.handler_state(self.handler)  # as the monitor loop's last sync left it
-        if state.round != self.round or self.me not in state.participants:
-            return "this pod was removed from its rendezvous round (its peers took it for lost)"
-        missing = self.world - len(state.participants)
-        if dead and missing > 0:
-            # Only for a silence this agent saw itself: a peer that left the round on its way out ended its
-            # processes, its sockets are closed and the collectives fail by themselves, after the peer's
-            # SIGTERM checkpoint, which every rank writes and none may be killed in.
-            return (f"{missing} of the group's {self.world} pods are gone from rendezvous round {self.round} "
-                    f"(silent: rank {', '.join(map(str, dead))})")
-        return None
+        why = verdict(self.round, self.world, dead, state.round, len(state.participants))
+        if why is None and self.me not in state.participants and not self._told_removed:
+            self._told_removed = True
+            log.warning("this pod is no longer listed in rendezvous round %d, yet its group trains on: torch's "
+                        "heartbeat sweep took it for lost (its keep-alive waited on a lost store?); it re-forms "
+                        "with the group at the next restart", self.round)
+        return why
 
     def _evict(self, dead: list[int]) -> None:
         try:
@@ -107,3 +101,26 @@ class Membership:
             log.warning("rank(s) %s silent for %s s (peerTimeoutSeconds %g): removed %s from rendezvous round %d",
                         ", ".join(map(str, dead)), ", ".join(f"{ages.get(r, 0):g}" for r in dead), self.budget,
                         ", ".join(removed), self.round)
+
+
+def verdict(watched_round: int, world: int, dead: list[int], round_now: int, participants: int) -> str | None:
+    """Pure: why the group that formed ``watched_round`` (``world`` agents) must re-form, from the round the store
+    holds now (``round_now``, with ``participants``) and the peers this agent's watch finds silent (``dead``);
+    None while it trains on. Whether this pod is still listed does not count (see the end)."""
+    if round_now != watched_round:
+        # Its peers took this pod for lost and formed a new round without it (it was frozen or cut off): its
+        # trainers must stop (fencing) and it joins again, as a spare if the round is full.
+        return (f"this pod was removed from its rendezvous round {watched_round}: its peers formed round "
+                f"{round_now} without it")
+    missing = world - participants
+    if dead and missing > 0:
+        # Only for a silence this agent saw itself: a peer that left the round on its way out ended its processes,
+        # its sockets are closed and the collectives fail by themselves, after the peer's SIGTERM checkpoint,
+        # which every rank writes and none may be killed in.
+        return (f"{missing} of the group's {world} pods are gone from rendezvous round {watched_round} "
+                f"(silent: rank {', '.join(map(str, dead))})")
+    # Not listed but the same round: either the peer that removed it kills its trainers now (the collectives
+    # fail here too, and the round moves on within a poll), or torch's heartbeat sweep removed it while its
+    # keep-alive waited on a lost store and the group is healthy: killing it would cost a restart for nothing.
+    return None
+

@@ -6,14 +6,15 @@ compares the writer's wall clock with the reader's (clock skew shifts the verdic
 and a survivor does nothing when a peer is swept: it waits in its collective until its own trainers fail.
 
 Here each agent of the round beats a counter of its own in the rendezvous store (``add(key, 1)``, on a connection of
-its own with short timeouts, so a partition never holds the agent's main thread) and reads its peers' counters. A
-peer's age is the time since this agent last *saw its counter change*, on this agent's monotonic clock: no remote
-time is ever compared. Any gap in this agent's own polling (it was paused, starved, a read failed or took too long,
-the store restarted) resets every age to zero: no verdict from a watcher that was not watching. A peer is dead when
-its age reaches the budget (more for a peer not seen beating since the watch started or came back from a store
-outage: the agents' watches reconnect each on its own). The agent then removes it from the rendezvous round
-(ddpjob_worker.membership), exactly what torch's sweep would do 15 s or more later, and the group re-forms, with a
-hot spare at once.
+its own whose every call gives up within a short timeout (ddpjob_worker.storeclient: torch's client does not bound an
+``add``), so neither a partition nor a lost store holds the agent's main thread or the watch itself) and reads its
+peers' counters. A peer's age is the time since this agent last *saw its counter change*, on this agent's monotonic
+clock: no remote time is ever compared. Any gap in this agent's own polling (it was paused, starved, a read failed or
+took too long, the store restarted) resets every age to zero: no verdict from a watcher that was not watching. A peer
+is dead when its age reaches the budget (more for a peer not seen beating since the watch started or came back from a
+store outage: the agents' watches reconnect each on its own). The agent then removes it from the rendezvous round
+(ddpjob_worker.membership), exactly what torch's sweep would do 15 s or more later, and the group re-forms, with a hot
+spare at once.
 
 The beats come from the agent process, not the trainers, so a slow step, a long synchronous save, a trainer's GC
 pause or a CPU-bound data loader never stops them: only a dead, frozen or cut-off pod does."""
@@ -36,9 +37,11 @@ RING = 3
 
 
 class Store(Protocol):
-    """What the watch needs of a store client: torch's TCPStore, or a test's fake."""
+    """What the watch needs of a store client: ddpjob_worker.storeclient.CounterClient, or a test's fake."""
 
     def add(self, key: str, value: int) -> int: ...
+
+    def close(self) -> None: ...
 
 
 def poll_seconds(budget: float) -> float:
@@ -124,8 +127,7 @@ class PeerWatch:
 
     def stop(self, wait: float = 0.0) -> None:
         """Stop the thread; ``wait`` seconds at most for it to end (its store call in flight gives up within its
-        timeout). The agent waits when it exits: torch 2.6 aborts a process whose exit finds a thread inside a
-        store client's connect ("terminate called without an active exception")."""
+        timeout). The agent waits when it exits, so the watch's last connection closes before the process ends."""
         self._stop.set()
         if wait > 0 and self._thread.is_alive():
             self._thread.join(wait)
@@ -145,6 +147,7 @@ class PeerWatch:
         except Exception as err:  # a partition, a store restart: no verdict until reads work again
             if self._store is not None:
                 log.debug("peer watch: the store did not answer (%s)", err)
+                self._store.close()
             self._store, counters = None, None
         self._dead = self.ages.observe(counters, self.clock())
         return self._dead

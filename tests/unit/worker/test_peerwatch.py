@@ -79,12 +79,16 @@ class FakeStore:
     def __init__(self) -> None:
         self.data: dict[str, int] = {}
         self.down = False
+        self.closed = False
 
     def add(self, key: str, value: int) -> int:
         if self.down:
             raise RuntimeError("Connection reset by peer")
         self.data[key] = self.data.get(key, 0) + value
         return self.data[key]
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def test_the_watch_beats_its_own_key_and_reads_only_its_peers() -> None:
@@ -96,9 +100,9 @@ def test_the_watch_beats_its_own_key_and_reads_only_its_peers() -> None:
         watch.poll_once()
     assert store.data["ddpjob.peers/run/3/1"] == 7
     assert watch.dead() == [2]
-    store.down = True  # a partition: no verdict while reads fail
+    store.down = True  # a partition: no verdict while reads fail, and the failed client is closed
     clock[0] = 8.0
-    assert watch.poll_once() == []
+    assert watch.poll_once() == [] and store.closed
 
 
 @pytest.mark.parametrize(("world", "rank", "expected"), [
