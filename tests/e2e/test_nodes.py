@@ -6,6 +6,7 @@ nodes (tests/cluster/netnodes.py), checkpoints on a ReadWriteMany volume every n
   survivor notices the silent peer within peerTimeoutSeconds and re-forms with the spare (first step within 15 s);
   the old pod must be stopped and nothing it writes may become the checkpoint the job resumes from (the worker's
   fencing, docs/checkpoints.md);
+- powered off under a training pod of a job with a hot spare: the same, with the old pod's processes dead;
 - drained (kubectl drain) under worker-1: SIGTERM, a checkpoint within the grace period, the replacement resumes
   from exactly that checkpoint.
 Every run must end bitwise equal to the uninterrupted run. Each prints the seconds from the fault to NotReady, to
@@ -137,11 +138,18 @@ def _training_pod_away_from_the_store(cluster: Cluster, ns: str) -> str:
     return victim
 
 
-def partition_with_spare(env: Env, ns: str, created: float) -> dict[str, Any]:
-    """``spares: 1``: cut a training pod's node off for longer than Kubernetes' timeouts. The survivor notices the
-    silent peer (peerTimeoutSeconds) and re-forms with the spare, long before the node is NotReady; the operator
-    replaces the cut-off pod as before (the replacement waits for a node: one per pod), and once the node is back
-    its old pod is stopped, its writes fenced."""
+def lost_with_spare(how: str) -> Scenario:
+    """``spares: 1``: cut a training pod's node off (``how``: partition) or power it off (power_off) for longer
+    than Kubernetes' timeouts. The survivor notices the silent peer (peerTimeoutSeconds) and re-forms with the
+    spare, long before the node is NotReady; the operator replaces the lost pod as before (the replacement waits
+    for a node: one per pod), and once the node is back its old pod is stopped, its writes fenced."""
+
+    def scenario(env: Env, ns: str, created: float) -> dict[str, Any]:
+        return _lost_with_spare(env, ns, how)
+    return scenario
+
+
+def _lost_with_spare(env: Env, ns: str, how: str) -> dict[str, Any]:
     from tests.cluster import node_faults
 
     cluster = env.cluster
@@ -154,8 +162,8 @@ def partition_with_spare(env: Env, ns: str, created: float) -> dict[str, Any]:
     node, uid = pod["spec"]["nodeName"], pod["metadata"]["uid"]
     capture()
     lost = time.time()
-    node_faults.partition(_cluster_dir(cluster), node)
-    t.log(f"partition of {node} (runs {name}, training)")
+    getattr(node_faults, how)(_cluster_dir(cluster), node)
+    t.log(f"{how} of {node} (runs {name}, training)")
     try:
         def stepping() -> bool:  # the re-formed group's rank 0 reports its first step
             progress = t.job_status(cluster, ns, JOB).get("progress") or {}
@@ -170,7 +178,7 @@ def partition_with_spare(env: Env, ns: str, created: float) -> dict[str, Any]:
         wait_for(lambda: _pod(cluster, ns, name).get("metadata", {}).get("uid") != uid, timeout=120, interval=0.5,
                  describe=f"the cut-off {name} deleted")
     finally:
-        node_faults.heal(_cluster_dir(cluster), node)
+        (node_faults.heal if how == "partition" else node_faults.power_on)(_cluster_dir(cluster), node)
     started, new_node = _replacement(cluster, ns, name, uid, None)
     wait_for(lambda: not _old_pod_processes(uid), timeout=120, interval=1,
              describe=f"the old {name}'s processes stopped on {node}")
@@ -238,7 +246,12 @@ def node_lost_rdzv_run(lane: Env) -> Run:
 
 @runs_in_background("partition", lane=True)
 def partition_run(lane: Env) -> Run:
-    return _run(lane, "partition", partition_with_spare, spares=1)
+    return _run(lane, "partition", lost_with_spare("partition"), spares=1)
+
+
+@runs_in_background("power-off-spare", lane=True)
+def power_off_spare_run(lane: Env) -> Run:
+    return _run(lane, "power-off-spare", lost_with_spare("power_off"), spares=1)
 
 
 @runs_in_background("drain", lane=True)
@@ -270,8 +283,18 @@ def test_partitioned_node_with_a_spare_recovers_in_seconds_and_is_fenced(backgro
     """Issue 24: the survivor takes the silent peer for lost within peerTimeoutSeconds (5 s) and the spare trains
     in its place: the first step after the cut within seconds, against 63-97 s when the group waited for
     Kubernetes."""
-    run = background.result("partition")
-    row = _report("partition", run, reference)
+    _assert_recovered_with_the_spare("partition", background.result("partition"), reference)
+
+
+@pytest.mark.background("power-off-spare")
+def test_powered_off_node_with_a_spare_recovers_in_seconds(background: Background, reference: Run) -> None:
+    """Issue 24: as the partition, with the node's processes killed (its sockets die without a reset): 45-90 s
+    when the group waited for Kubernetes to call the node NotReady and force-delete the pod."""
+    _assert_recovered_with_the_spare("power-off-spare", background.result("power-off-spare"), reference)
+
+
+def _assert_recovered_with_the_spare(label: str, run: Run, reference: Run) -> None:
+    row = _report(label, run, reference)
     lost = run.extra["lost_at"]
     phases = {
         "detection": next((w for w, _, line in run.logs.lines if w > lost and "silent for" in line), None),
@@ -280,11 +303,11 @@ def test_partitioned_node_with_a_spare_recovers_in_seconds_and_is_fenced(backgro
         "checkpointLoaded": min((w for w, _, _ in run.logs.resumes(lost)), default=None),
     }
     shown = {k: round(v - lost, 1) if v else None for k, v in phases.items()}
-    t.log(f"partition with a spare: from the cut: {shown}, first step {row['first_step_s']}s, NotReady "
+    t.log(f"{label}: from the fault: {shown}, first step {row['first_step_s']}s, NotReady "
           f"{row['not_ready_s']}s, replacement started {row['replacement_start_s']}s")
     assert all(phases.values()), (shown, run.logs.text()[-4000:])
     # The issue asks for < 10 s: 7.8 s with 5 jobs on the 2 cores, 11.2 s in the full CI run (2026-11-27), where
-    # loading the checkpoint alone took 2.1 s. The bound here fails a group that waits for Kubernetes (63-97 s).
+    # loading the checkpoint alone took 2.1 s. The bound here fails a group that waits for Kubernetes (45-97 s).
     detection = shown["detection"]
     assert detection is not None and detection <= PEER_TIMEOUT + 3 and row["first_step_s"] < 15, (row, shown)
     assert_same_model(run, reference)

@@ -47,6 +47,8 @@ def _connector(handler: Any, timeout: float) -> Any:
 class Membership:
     """Started when a round completes, asked by the monitor loop whether the round is still whole."""
 
+    _told_unsupported = False
+
     def __init__(self, handler: Any, rank: int, world: int, budget: float) -> None:
         self.handler = handler
         self.world = world
@@ -67,6 +69,9 @@ class Membership:
         if budget <= 0:
             return None
         if not compat.capabilities().peer_eviction:
+            if cls._told_unsupported:
+                return None
+            cls._told_unsupported = True  # once per agent, not at every round
             log.warning("this torch's rendezvous handler cannot remove a silent peer (update ddpjob_worker.compat): "
                         "a lost peer is noticed only by torch's heartbeat expiry or a collective's timeout")
             return None
