@@ -308,3 +308,19 @@ def owner_reference(job_body: Obj) -> Obj:
         "controller": True,
         "blockOwnerDeletion": True,
     }
+
+
+#: Weight of the replacement's preference for any node but the one its group found silent (the maximum).
+AVOID_WEIGHT = 100
+
+
+def avoiding_node(pod: Obj, node: str) -> Obj:
+    """``pod`` preferring any node but ``node``: the replacement of a pod its group found silent (its node may be
+    powered off, yet Ready to Kubernetes for another 15-40 s, and with that pod force-deleted it looks free). A
+    preference, not a rule: on a one-node cluster (a frozen pod, not a lost node) it still runs there."""
+    out = copy.deepcopy(pod)
+    affinity = out["spec"].setdefault("affinity", {}).setdefault("nodeAffinity", {})
+    preferred = affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    preferred.append({"weight": AVOID_WEIGHT, "preference": {
+        "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [node]}]}})
+    return out

@@ -27,6 +27,7 @@ from ddpjob_operator.policies import (
     failure,
     incidents,
     pods,
+    silent,
     stall,
     stall_restart,
     status_writes,
@@ -196,8 +197,10 @@ def _children(result: Plan, ps: Pass) -> children.ChildrenDecision:
 
 def _losses(ps: Pass) -> list[failure.Loss]:
     policy, now, node_ready = ps.job.spec.run_policy, ps.now, ps.obs.node_ready
+    reported = silent.reports(ps.old.get("progress"))
     out = [loss for p in ps.workers if (p.index or 0) < ps.job.spec.pod_count and p.uid not in ps.obs.deleted
-           if (loss := failure.worker_loss(p, policy, node_ready, now)) is not None]
+           if (loss := failure.worker_loss(p, policy, node_ready, now)
+               or silent.loss(p, reported.get(p.name), node_ready)) is not None]
     out += [loss for p in ps.rdzv if p.uid not in ps.obs.deleted
             if (loss := failure.rendezvous_loss(p, node_ready, now)) is not None]
     if ps.obs.first_pass and ps.old.get("state") in (st.RUNNING, st.RESTARTING):
@@ -213,8 +216,15 @@ def _plan_pods(ps: Pass, counted: Sequence[str], *, create: bool) -> pods.PodPla
         pods.plan_rendezvous(job, ps.rdzv, foreign_rdzv, counted, node_ready=ps.obs.node_ready, create=create,
                              now=now),
         pods.plan_workers(job, ps.workers, foreign_workers, counted, node_ready=ps.obs.node_ready,
-                          generation=ps.restarts, incidents=ps.count, create=create, now=now),
+                          generation=ps.restarts, incidents=ps.count, create=create, now=now,
+                          silent=_silent(ps)),
     )
+
+
+def _silent(ps: Pass) -> set[str]:
+    """UIDs of the workers their group reported silent (policies/silent.py)."""
+    reported = silent.reports(ps.old.get("progress"))
+    return {p.uid for p in ps.workers if silent.applies(p, reported.get(p.name))}
 
 
 def _loss_event(loss: failure.Loss, incident_id: int, ps: Pass) -> st.Event:

@@ -1,6 +1,7 @@
 """Losing a node, on real kubelets (issue 11): a 2-worker job on two of the session cluster's network-namespace
 nodes (tests/cluster/netnodes.py), checkpoints on a ReadWriteMany volume every node mounts, and one node
-- powered off under worker-1 (node NotReady, the stuck pod force-deleted, the replacement on the third node);
+- powered off under worker-1, no spare: the survivor finds it silent within peerTimeoutSeconds and reports it,
+  the operator replaces it at once on the third node (before the node is NotReady);
 - powered off under the rendezvous pod (the group trains through: no restart, the agents find the new store);
 - partitioned under a training pod of a job with a hot spare, for longer than the timeouts, then reconnected: the
   survivor notices the silent peer within peerTimeoutSeconds and re-forms with the spare (first step within 15 s);
@@ -261,8 +262,20 @@ def drain_run(lane: Env) -> Run:
 
 @pytest.mark.background("node-lost-worker")
 def test_node_of_a_worker_lost(background: Background, reference: Run) -> None:
+    """Issue 24, no spare: the survivor reports the silent peer (status.progress.lostPeers) and the operator
+    replaces it at once on another node, without waiting for Kubernetes to call the node NotReady and
+    force-delete the pod (the replacement started 32 s after the loss then, the first step 40 s)."""
     run = background.result("node-lost-worker")
-    _report("node-lost-worker", run, reference)
+    row = _report("node-lost-worker", run, reference)
+    lost = run.extra["lost_at"]
+    detection = next((w for w, _, line in run.logs.lines if w > lost and "silent for" in line), None)
+    shown = round(detection - lost, 1) if detection else None
+    t.log(f"node-lost-worker (no spare): from the loss: detection {shown}s, replacement started "
+          f"{row['replacement_start_s']}s, first step {row['first_step_s']}s (NotReady {row['not_ready_s']}s)")
+    incidents = run.status.get("incidents") or []
+    assert [(i["cause"], i["outcome"]) for i in incidents] == [("NodeLost", "Recovered")], incidents
+    assert shown is not None and shown <= PEER_TIMEOUT + 3, (shown, run.logs.text()[-4000:])
+    assert row["first_step_s"] < 30, row
     assert_same_model(run, reference)
 
 

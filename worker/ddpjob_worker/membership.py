@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ddpjob_worker import compat, contract
+from ddpjob_worker import compat, contract, peerreport
 from ddpjob_worker.logs import get_logger
 from ddpjob_worker.peerwatch import PeerWatch
 from ddpjob_worker.storeclient import CounterClient
@@ -49,7 +49,8 @@ class Membership:
 
     _told_unsupported = False
 
-    def __init__(self, handler: Any, rank: int, world: int, budget: float) -> None:
+    def __init__(self, handler: Any, rank: int, world: int, budget: float,
+                 report: peerreport.PeerReport | None = None) -> None:
         self.handler = handler
         self.world = world
         self.budget = budget
@@ -58,6 +59,7 @@ class Membership:
         prefix = f"ddpjob.peers/{handler.get_run_id()}/{self.round}"
         self.timeout = min(2.0, budget / 2)
         self._told_removed = False
+        self.report = report if report is not None else peerreport.PeerReport()
         self.watch = PeerWatch(_connector(handler, self.timeout), prefix, rank, world, budget, reconnect=self.timeout)
         if world > 1:
             self.watch.start()
@@ -106,6 +108,10 @@ class Membership:
             log.warning("rank(s) %s silent for %s s (peerTimeoutSeconds %g): removed %s from rendezvous round %d",
                         ", ".join(map(str, dead)), ", ".join(f"{ages.get(r, 0):g}" for r in dead), self.budget,
                         ", ".join(removed), self.round)
+            # The operator replaces them now, not when Kubernetes calls their node NotReady (a job without a
+            # spare waits for that replacement). One silence for all: they were judged by the same poll.
+            silent_for = max((ages.get(r, self.budget) for r in dead), default=self.budget)
+            self.report.silent({peerreport.pod_of(node): silent_for for node in removed})
 
 
 def verdict(watched_round: int, world: int, dead: list[int], round_now: int, participants: int) -> str | None:

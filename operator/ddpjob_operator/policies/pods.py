@@ -74,12 +74,15 @@ def plan_workers(
     incidents: int,
     create: bool,
     now: datetime,
+    silent: Collection[str] = (),
 ) -> PodPlan:
-    """Deletes and creates for the worker pods. ``create`` is False while children conflict or after success."""
+    """Deletes and creates for the worker pods. ``create`` is False while children conflict or after success.
+    ``silent``: UIDs of pods their group reported silent (policies/silent.py): replaced at once, once counted."""
     spec = job.spec
     timeout = spec.run_policy.terminating_node_timeout_seconds
     plan = PodPlan()
     taken: set[int] = set()
+    avoid: dict[int, str] = {}
     for pod in sorted(workers, key=lambda p: (p.index if p.index is not None else -1, p.name)):
         if pod.gone or pod.index is None:
             continue
@@ -90,6 +93,13 @@ def plan_workers(
         if pod.index >= spec.pod_count:
             plan.delete.append(DeletePod(pod.name, pod.uid, pod.terminated, "ScaledDown"))
             taken.add(pod.index)
+        elif pod.uid in counted and pod.uid in silent:
+            # Its node may be cut off, not down: nothing would ever confirm a graceful delete. Force, and create
+            # it again at once (its name is free as soon as the API server answers).
+            plan.delete.append(DeletePod(pod.name, pod.uid, True, "Silent"))
+            plan.replacements.append(Replacement(pod.index, None, now))
+            if pod.node_name:
+                avoid[pod.index] = pod.node_name
         elif pod.uid in counted and pod.phase == "Failed":
             plan.delete.append(DeletePod(pod.name, pod.uid, True, "Replaced"))
             plan.replacements.append(Replacement(pod.index, pod.exit_code, pod.finished_at))
@@ -107,7 +117,8 @@ def plan_workers(
         return plan
     for i in range(spec.pod_count):  # hot spares are worker pods too: the rendezvous decides who trains
         if i not in taken and i not in blocked:
-            plan.create.append(builders.build_worker_pod(job, i, generation=generation, incidents=incidents))
+            made = builders.build_worker_pod(job, i, generation=generation, incidents=incidents)
+            plan.create.append(builders.avoiding_node(made, avoid[i]) if i in avoid else made)
     return plan
 
 

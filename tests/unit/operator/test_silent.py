@@ -1,0 +1,86 @@
+"""Pods their group reported silent (status.progress.lostPeers, policies/silent.py): which report is about which
+pod, the loss it makes, and the planner replacing such a pod at once, away from its node, once counted."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+from ddpjob_operator import builders
+from ddpjob_operator.observed import PodView, format_time
+from ddpjob_operator.policies import silent
+
+from .factories import T0, at, running_cluster
+
+pytestmark = pytest.mark.unit
+
+
+def report(since: float, reported: float, by: str = "job-worker-0") -> dict[str, str]:
+    return {"silentSince": format_time(at(since)), "reportTime": format_time(at(reported)), "by": by}
+
+
+def test_reports_are_read_by_pod_and_malformed_ones_skipped() -> None:
+    found = silent.reports({"globalStep": 3, "lostPeers": {
+        "job-worker-1": report(10, 15), "job-worker-2": {"silentSince": "yesterday"}, "job-worker-3": "x"}})
+    assert found == {"job-worker-1": silent.Report(at(10), at(15), "job-worker-0")}
+    assert silent.reports(None) == {} and silent.reports({}) == {}
+
+
+def pod(created: datetime = T0, **kw: object) -> PodView:
+    return PodView(name="job-worker-1", uid="u1", replica_type="worker", index=1, phase=str(kw.get("phase", "Running")),
+                   node_name="node-2", created_at=created, deletion_timestamp=kw.get("deleting"))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("view", "reported", "applies"), [
+    (pod(), 15, True),
+    (pod(created=at(14)), 15, True),  # created a second or more before the report
+    (pod(created=at(15)), 15, False),  # the replacement: created after (or in the second of) the report
+    (pod(created=at(14.5)), 15, False),  # creation times are whole seconds: it may be newer than the report
+    (pod(phase="Failed"), 15, False),  # already lost otherwise (policies/failure.py)
+    (pod(deleting=at(12)), 15, False),
+])
+def test_a_report_is_about_the_pod_created_before_it(view: PodView, reported: float, applies: bool) -> None:
+    assert silent.applies(view, silent.Report(at(10), at(reported), "job-worker-0")) is applies
+
+
+def test_the_loss_is_node_lost_from_the_start_of_the_silence_and_says_who_and_where() -> None:
+    loss = silent.loss(pod(), silent.Report(at(10), at(15.5), "job-worker-0"), {"node-2": True})
+    assert loss is not None and loss.cause == "NodeLost" and loss.at == at(10) and loss.index == 1
+    assert loss.detail == ("silent to its group for 5.5 s (spec.rendezvous.peerTimeoutSeconds): job-worker-0 "
+                           "removed it from the training group; its node node-2 is Ready to Kubernetes so far")
+    assert silent.loss(pod(), None, {}) is None
+
+
+def test_a_silent_worker_is_counted_then_replaced_at_once_away_from_its_node_and_only_once() -> None:
+    c = running_cluster(replicas=2)
+    c.pods["job-worker-1"]["spec"]["nodeName"] = "node-2"
+    c.jobobj["status"]["progress"] = {"globalStep": 40, "updateTime": format_time(at(5)),
+                                      "lostPeers": {"job-worker-1": report(9, 14)}}
+    p = c.step(at(14.2))
+    assert p.delete_pods == [] and p.create_pods == [], "acted on only once the loss is counted"
+    inc = c.status["incidents"][0]
+    assert (c.status["incidentCount"], inc["cause"], inc["pods"]) == (1, "NodeLost", ["job-worker-1"])
+    assert inc["startTime"] == format_time(at(9)), "the recovery clock starts with the silence"
+    old = c.pods["job-worker-1"]["metadata"]["uid"]
+    p = c.step(at(14.4))
+    assert [(d.name, d.uid, d.force, d.reason) for d in p.delete_pods] == [("job-worker-1", old, True, "Silent")]
+    assert [o["metadata"]["name"] for o in p.create_pods] == ["job-worker-1"], "no wait for the node"
+    affinity = p.create_pods[0]["spec"]["affinity"]["nodeAffinity"]
+    assert affinity["preferredDuringSchedulingIgnoredDuringExecution"] == [{"weight": builders.AVOID_WEIGHT,
+        "preference": {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-2"]}]}}]
+    assert any(e[1] == "WorkerFailed" and "node node-2" in e[2] for e in c.events)
+    # The replacement (created after the report) is not the pod reported; the report stays in the status.
+    c.pods["job-worker-1"]["metadata"]["creationTimestamp"] = format_time(at(15))
+    c.run_all(started=at(16))
+    c.converge(at(20))
+    assert c.status["incidentCount"] == 1 and c.pods["job-worker-1"]["metadata"]["uid"] != old
+
+
+def test_the_avoidance_keeps_the_templates_own_node_affinity() -> None:
+    mine = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "gpu", "operator": "Exists"}]}]}}
+    made = builders.avoiding_node({"spec": {"affinity": {"nodeAffinity": dict(mine)}}}, "node-2")
+    node = made["spec"]["affinity"]["nodeAffinity"]
+    required = "requiredDuringSchedulingIgnoredDuringExecution"
+    assert node[required] == mine[required]
+    assert len(node["preferredDuringSchedulingIgnoredDuringExecution"]) == 1

@@ -1,0 +1,81 @@
+"""Tell the operator which peers this agent removed from its round as silent, so it replaces them at once.
+
+Without this the operator learns of a powered-off or cut-off node from Kubernetes: the node NotReady after
+15-40 s, the pod evicted after its toleration, force-deleted after terminatingNodeTimeoutSeconds; a job without
+a spare waits all that time for a replacement (32 s to the replacement's start in the e2e run of 2026-11-27). The
+survivors know within peerTimeoutSeconds (ddpjob_worker.membership). The agent that removed the peer writes
+``status.progress.lostPeers.<pod>`` (a JSON merge patch, so each pod's entry stands alone): when it fell silent,
+when this was reported, and by whom. The worker account may write status.progress only (the chart's admission
+policy); the operator counts the loss (cause NodeLost) and replaces the pod (policies/silent.py).
+
+Sent from a thread of its own (ddpjob_worker.sender): the agent's monitor loop never waits for the API server.
+Off outside a cluster or when the job does not report progress (``DDPJOB_REPORT_PROGRESS``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ddpjob_worker import contract
+from ddpjob_worker.logs import get_logger
+from ddpjob_worker.progress import (
+    GROUP,
+    MERGE_PATCH,
+    PLURAL,
+    REQUEST_TIMEOUT_SECONDS,
+    VERSION,
+    InClusterApi,
+    StatusApi,
+    rfc3339_ms,
+)
+from ddpjob_worker.sender import Sender
+
+log = get_logger("peerreport")
+
+
+def pod_of(node: str) -> str:
+    """The pod name in a rendezvous node descriptor (``<addr>_<pid>_<local id>``, the address being the pod's
+    FQDN ``<pod>.<subdomain>.<namespace>.svc...``, as the operator sets hostname and subdomain)."""
+    addr = node.rsplit("_", 2)[0]
+    return addr.split(".", 1)[0]
+
+
+class PeerReport:
+    """``silent({pod: seconds})`` hands the report to the sender thread and returns."""
+
+    def __init__(self, environ: Mapping[str, str] = os.environ, api: StatusApi | None = None) -> None:
+        self.name = environ.get(contract.DDPJOB_NAME, "")
+        self.namespace = environ.get(contract.DDPJOB_NAMESPACE, "")
+        self.me = environ.get("HOSTNAME") or socket.gethostname()
+        self.on = environ.get(contract.DDPJOB_REPORT_PROGRESS) == "1" and bool(self.name and self.namespace)
+        self._api = api
+        self._sender = Sender(self._send, name="ddpjob-peer-report")
+
+    def silent(self, pods: Mapping[str, float], now: float | None = None) -> dict[str, Any]:
+        """Report these pods silent for so many seconds; returns the patch (empty when reporting is off)."""
+        if not self.on or not pods:
+            return {}
+        at = time.time() if now is None else now
+        patch = {"lostPeers": {pod: {"silentSince": rfc3339_ms(at - seconds), "reportTime": rfc3339_ms(at),
+                                     "by": self.me} for pod, seconds in pods.items()}}
+        self._sender.submit(patch)
+        return patch
+
+    def drain(self, timeout: float) -> bool:
+        return self._sender.drain(timeout)
+
+    def _send(self, progress: Mapping[str, Any]) -> None:
+        try:
+            if self._api is None:
+                self._api = InClusterApi.from_environ(os.environ)
+            self._api.patch_namespaced_custom_object_status(
+                GROUP, VERSION, self.namespace, PLURAL, self.name, {"status": {"progress": progress}},
+                _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            log.info("reported to the operator: %s silent", ", ".join(progress.get("lostPeers", {})))
+        except Exception as err:  # the operator still learns it from Kubernetes, later
+            log.warning("could not report silent peer(s) to the operator (it learns of them when Kubernetes "
+                        "calls their node NotReady): %s", err)
