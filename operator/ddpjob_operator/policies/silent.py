@@ -9,8 +9,12 @@ starts there) and, once counted, it is force-deleted and created again at its in
 pod, if its node is only cut off, runs on until its kubelet is back and learns the pod is gone; its trainers
 were already out of the group, and fencing keeps its checkpoint writes out (docs/checkpoints.md).
 
-A report names a pod, not a UID: it applies to the pod of that name created before the report (creation times
-have one-second resolution: a pod created in the same second as a report is never taken for the one reported).
+A report names a pod, not a UID: it applies to the pod of that name whose container was running before the
+silence began (``silentSince``), never to a pod started since, such as the replacement of a pod deleted on
+purpose whose agent was killed at the end of its grace period and found silent seconds after that replacement
+was created. Start times have one-second resolution: a pod started in the second of the silence does not count.
+``silentSince`` is the reporting worker's clock; a worker clock ahead of the API server's by more than a pod's
+time from start to silence could still misapply a report (one needless replacement, counted as an incident).
 """
 
 from __future__ import annotations
@@ -51,10 +55,11 @@ def reports(progress: Mapping[str, Any] | None) -> dict[str, Report]:
 
 
 def applies(pod: PodView, report: Report | None) -> bool:
-    """Whether ``report`` is about this very pod: a live worker created (at least a second) before it."""
-    if report is None or pod.created_at is None or pod.terminated or pod.deleting or pod.gone:
+    """Whether ``report`` is about this very pod: a live worker running (from at least a second) before the
+    silence began."""
+    if report is None or pod.started_at is None or pod.terminated or pod.deleting or pod.gone:
         return False
-    return report.reported >= pod.created_at + timedelta(seconds=1)
+    return pod.started_at + timedelta(seconds=1) <= report.since
 
 
 def loss(pod: PodView, report: Report | None, node_ready: Mapping[str, bool]) -> Loss | None:

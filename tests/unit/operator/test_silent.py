@@ -26,21 +26,23 @@ def test_reports_are_read_by_pod_and_malformed_ones_skipped() -> None:
     assert silent.reports(None) == {} and silent.reports({}) == {}
 
 
-def pod(created: datetime = T0, **kw: object) -> PodView:
+def pod(started: datetime | None = T0, **kw: object) -> PodView:
     return PodView(name="job-worker-1", uid="u1", replica_type="worker", index=1, phase=str(kw.get("phase", "Running")),
-                   node_name="node-2", created_at=created, deletion_timestamp=kw.get("deleting"))  # type: ignore[arg-type]
+                   node_name="node-2", created_at=T0, started_at=started,
+                   deletion_timestamp=kw.get("deleting"))  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("view", "reported", "applies"), [
-    (pod(), 15, True),
-    (pod(created=at(14)), 15, True),  # created a second or more before the report
-    (pod(created=at(15)), 15, False),  # the replacement: created after (or in the second of) the report
-    (pod(created=at(14.5)), 15, False),  # creation times are whole seconds: it may be newer than the report
-    (pod(phase="Failed"), 15, False),  # already lost otherwise (policies/failure.py)
-    (pod(deleting=at(12)), 15, False),
+@pytest.mark.parametrize(("view", "applies"), [
+    (pod(), True),
+    (pod(started=at(9)), True),  # running a second or more before the silence began (at 10)
+    (pod(started=at(9.5)), False),  # start times are whole seconds: it may have started after the silence began
+    (pod(started=at(12)), False),  # the replacement of a pod deleted on purpose, found silent after it started
+    (pod(started=None), False),  # never ran: it was never in a group
+    (pod(phase="Failed"), False),  # already lost otherwise (policies/failure.py)
+    (pod(deleting=at(12)), False),
 ])
-def test_a_report_is_about_the_pod_created_before_it(view: PodView, reported: float, applies: bool) -> None:
-    assert silent.applies(view, silent.Report(at(10), at(reported), "job-worker-0")) is applies
+def test_a_report_is_about_the_pod_that_ran_before_the_silence(view: PodView, applies: bool) -> None:
+    assert silent.applies(view, silent.Report(at(10), at(15), "job-worker-0")) is applies
 
 
 def test_the_loss_is_node_lost_from_the_start_of_the_silence_and_says_who_and_where() -> None:
