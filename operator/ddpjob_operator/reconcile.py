@@ -147,6 +147,11 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     result.events += [_loss_event(loss, iid, ps) for loss, iid in decision.new_losses]
     result.losses = [f"incident #{iid} ({loss.cause}): lost {loss.pod} uid={loss.uid} at {format_time(loss.at)}: "
                      f"{loss.detail}" for loss, iid in decision.new_losses]
+    if _silent(ps) & {loss.uid for loss, _ in decision.new_losses}:
+        # A loss is acted on by the pass after this status write, whose own echo plans nothing; a pod its group
+        # reported silent changes nothing else that would bring that pass (11 s until its node's NotReady did,
+        # in the e2e run of 2026-11-27).
+        result.requeue_at(now, now)
     if decision.permanent is not None:
         loss = decision.permanent
         return _fail(result, ps, "PermanentExitCode", f"{loss.pod} failed permanently: {loss.detail}")

@@ -60,6 +60,7 @@ def test_a_silent_worker_is_counted_then_replaced_at_once_away_from_its_node_and
                                       "lostPeers": {"job-worker-1": report(9, 14)}}
     p = c.step(at(14.2))
     assert p.delete_pods == [] and p.create_pods == [], "acted on only once the loss is counted"
+    assert p.requeue_after == 0, "by the very next pass: nothing else changes that would bring it"
     inc = c.status["incidents"][0]
     assert (c.status["incidentCount"], inc["cause"], inc["pods"]) == (1, "NodeLost", ["job-worker-1"])
     assert inc["startTime"] == format_time(at(9)), "the recovery clock starts with the silence"
