@@ -73,6 +73,8 @@ class Loss:
     """The program said it is broken (a permanent exit code): restarting cannot help, the job fails."""
     unwatched: bool = False
     """Lost while no operator watched: ``at`` is when it was found missing, not when it was lost."""
+    never_ran: bool = False
+    """Its container never started (a replacement bound to a node that was already lost, say)."""
 
     @property
     def consequential(self) -> bool:
@@ -143,7 +145,7 @@ def _deleted_loss(pod: PodView, node_ready: Mapping[str, bool], now: datetime) -
         cause, text = NODE_LOST, f"its node {pod.node_name} is NotReady"
     else:
         cause, text = POD_DELETED, "deleted (not by the operator)"
-    return Loss(pod.name, pod.uid, pod.index, cause, at, text)
+    return Loss(pod.name, pod.uid, pod.index, cause, at, text, never_ran=pod.started_at is None)
 
 
 def worker_loss(pod: PodView, policy: RunPolicy, node_ready: Mapping[str, bool], now: datetime) -> Loss | None:

@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ddpjob_operator.observed import format_time, parse_time, truncate
-from ddpjob_operator.policies.failure import STALLED, Loss, pick_cause
+from ddpjob_operator.policies.failure import NODE_LOST, STALLED, Loss, pick_cause
 
 #: Incidents kept in status.incidents (the total is status.incidentCount).
 MAX_RECENT = 10
@@ -66,9 +66,16 @@ def _joinable(incident: Mapping[str, Any], loss: Loss, window: int, fresh: bool)
     if outcome == FAILED or (outcome == RECOVERED and not loss.consequential):
         return False
     start = parse_time(incident.get("startTime"))
-    if start is None or loss.pod in (incident.get("pods") or []):
+    if start is None or (loss.pod in (incident.get("pods") or []) and not _same_node_loss(loss)):
         return False
     return loss.at - start <= timedelta(seconds=window)
+
+
+def _same_node_loss(loss: Loss) -> bool:
+    """A pod that never ran, lost with a node: the replacement of a pod its group found silent can be bound to that
+    very node, still Ready to Kubernetes (nothing else free), and is lost with it. The same loss, not a crash loop
+    (which needs a pod that ran)."""
+    return loss.never_ran and loss.cause == NODE_LOST
 
 
 def _summary(loss: Loss) -> str:
@@ -107,7 +114,8 @@ def attribute(
             target.pop("recoveredTime", None)
             target.pop("recoverySeconds", None)
             target.pop("phases", None)
-        target["pods"] = [*target.get("pods", []), loss.pod]
+        if loss.pod not in target.get("pods", []):
+            target["pods"] = [*target.get("pods", []), loss.pod]
         cause = pick_cause([target["cause"], loss.cause])
         if not target["message"] or (cause == loss.cause and cause != target["cause"]):
             target["message"] = _summary(loss)  # the message tells the loss that names the incident

@@ -87,3 +87,27 @@ def test_the_avoidance_keeps_the_templates_own_node_affinity() -> None:
     required = "requiredDuringSchedulingIgnoredDuringExecution"
     assert node[required] == mine[required]
     assert len(node["preferredDuringSchedulingIgnoredDuringExecution"]) == 1
+
+
+def test_a_replacement_bound_to_the_lost_node_and_lost_with_it_is_the_same_incident() -> None:
+    """Every other node taken (one worker per node): the replacement is bound to the silent pod's node, still Ready
+    to Kubernetes, never starts, and is evicted once the node is NotReady. One NodeLost incident, not two; a pod
+    that ran and is lost again still opens a new one (the crash-loop guard)."""
+    c = running_cluster(replicas=2)
+    c.pods["job-worker-1"]["spec"]["nodeName"] = "node-2"
+    c.jobobj["status"]["progress"] = {"lostPeers": {"job-worker-1": report(9, 14)}}
+    c.converge(at(14.2), passes=2)
+    new = c.pods["job-worker-1"]
+    new["spec"]["nodeName"], new["metadata"]["creationTimestamp"] = "node-2", format_time(at(15))
+    c.node_ready["node-2"] = False
+    c.user_delete("job-worker-1", at=at(30))  # the taint manager, after the toleration
+    c.converge(at(30))
+    assert c.status["incidentCount"] == 1, c.status["incidents"]
+    assert c.status["incidents"][0]["pods"] == ["job-worker-1"]
+    c.finish_terminations()
+    c.converge(at(31))
+    c.run_all(started=at(40))
+    c.converge(at(41))
+    c.set_phase("job-worker-1", "Failed", exit_code=1, finished=at(50))
+    c.converge(at(50))
+    assert c.status["incidentCount"] == 2, "a pod that ran and failed again is a new incident"
