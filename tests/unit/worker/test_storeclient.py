@@ -16,15 +16,6 @@ from ddpjob_worker.storeclient import CounterClient
 from ddpjob_worker.storeserver import StoreServer
 
 
-@pytest.fixture
-def server() -> Iterator[StoreServer]:
-    s = StoreServer("127.0.0.1", 0).start()
-    try:
-        yield s
-    finally:
-        s.close()
-
-
 def test_counters_are_shared_and_read_with_zero(server: StoreServer) -> None:
     a, b = CounterClient("127.0.0.1", server.port, 2), CounterClient("127.0.0.1", server.port, 2)
     try:

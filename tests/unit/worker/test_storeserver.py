@@ -9,7 +9,6 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
@@ -282,15 +281,6 @@ def test_one_request_holds_at_most_max_request_bytes(monkeypatch: pytest.MonkeyP
 
 
 # --- the server over real sockets ------------------------------------------------------------------------------
-
-@pytest.fixture
-def server() -> Iterator[StoreServer]:
-    s = StoreServer("127.0.0.1", 0).start()
-    try:
-        yield s
-    finally:
-        s.close()
-
 
 def connect(server: StoreServer, hello: bytes = HELLO) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
