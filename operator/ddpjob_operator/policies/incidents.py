@@ -61,21 +61,24 @@ def _joinable(incident: Mapping[str, Any], loss: Loss, window: int, fresh: bool)
     if loss.cause == STALLED and not fresh:
         return False
     outcome = incident.get("outcome")
+    if outcome != FAILED and _replacement_lost_with_the_node(incident, loss):
+        return True
     # A recovered incident is joined only by its consequences: the job can look recovered (every pod running,
     # training still reporting steps) in the seconds before the agents notice their store is gone and exit 200.
     if outcome == FAILED or (outcome == RECOVERED and not loss.consequential):
         return False
     start = parse_time(incident.get("startTime"))
-    if start is None or (loss.pod in (incident.get("pods") or []) and not _same_node_loss(loss)):
+    if start is None or loss.pod in (incident.get("pods") or []):
         return False
     return loss.at - start <= timedelta(seconds=window)
 
 
-def _same_node_loss(loss: Loss) -> bool:
-    """A pod that never ran, lost with a node: the replacement of a pod its group found silent can be bound to that
-    very node, still Ready to Kubernetes (nothing else free), and is lost with it. The same loss, not a crash loop
-    (which needs a pod that ran)."""
-    return loss.never_ran and loss.cause == NODE_LOST
+def _replacement_lost_with_the_node(incident: Mapping[str, Any], loss: Loss) -> bool:
+    """A pod that never ran, lost with a node, whose name the incident already lost: the replacement of a pod its
+    group found silent can be bound to that very node (still Ready to Kubernetes, nothing else free) and is lost
+    with it when Kubernetes calls the node NotReady, 15-40 s on, after a spare may have recovered the incident.
+    Part of that loss, not a crash loop (which needs a pod that ran), and no reason to reopen the incident."""
+    return loss.never_ran and loss.cause == NODE_LOST and loss.pod in (incident.get("pods") or [])
 
 
 def _summary(loss: Loss) -> str:
@@ -109,7 +112,8 @@ def attribute(
                 target["lostUnwatched"] = True  # its start is when the loss was found (policies/recovery.py)
             recent.append(target)
             opened.append(count)
-        if target.get("outcome") == RECOVERED:  # reopened by a consequence of its cause
+        if target.get("outcome") == RECOVERED and not _replacement_lost_with_the_node(target, loss):
+            # reopened by a consequence of its cause
             target["outcome"] = RECOVERING
             target.pop("recoveredTime", None)
             target.pop("recoverySeconds", None)

@@ -89,21 +89,27 @@ def test_the_avoidance_keeps_the_templates_own_node_affinity() -> None:
     assert len(node["preferredDuringSchedulingIgnoredDuringExecution"]) == 1
 
 
-def test_a_replacement_bound_to_the_lost_node_and_lost_with_it_is_the_same_incident() -> None:
+@pytest.mark.parametrize("recovered", [False, True], ids=["recovering", "recovered by a spare"])
+def test_a_replacement_bound_to_the_lost_node_and_lost_with_it_is_the_same_incident(recovered: bool) -> None:
     """Every other node taken (one worker per node): the replacement is bound to the silent pod's node, still Ready
-    to Kubernetes, never starts, and is evicted once the node is NotReady. One NodeLost incident, not two; a pod
-    that ran and is lost again still opens a new one (the crash-loop guard)."""
+    to Kubernetes, never starts, and is evicted once the node is NotReady, after the window and (with a spare)
+    after the incident recovered. One NodeLost incident, not two, and a recovered one stays recovered; a pod that
+    ran and is lost again still opens a new one (the crash-loop guard)."""
     c = running_cluster(replicas=2)
     c.pods["job-worker-1"]["spec"]["nodeName"] = "node-2"
     c.jobobj["status"]["progress"] = {"lostPeers": {"job-worker-1": report(9, 14)}}
     c.converge(at(14.2), passes=2)
     new = c.pods["job-worker-1"]
     new["spec"]["nodeName"], new["metadata"]["creationTimestamp"] = "node-2", format_time(at(15))
+    if recovered:
+        c.status["incidents"][0].update(outcome="Recovered", recoveredTime=format_time(at(16)), recoverySeconds=7)
     c.node_ready["node-2"] = False
-    c.user_delete("job-worker-1", at=at(30))  # the taint manager, after the toleration
-    c.converge(at(30))
+    c.user_delete("job-worker-1", at=at(75))  # the taint manager, after NotReady and the toleration
+    c.converge(at(75))
     assert c.status["incidentCount"] == 1, c.status["incidents"]
-    assert c.status["incidents"][0]["pods"] == ["job-worker-1"]
+    inc = c.status["incidents"][0]
+    assert inc["pods"] == ["job-worker-1"]
+    assert (inc["outcome"], inc.get("recoverySeconds")) == (("Recovered", 7) if recovered else ("Recovering", None))
     c.finish_terminations()
     c.converge(at(31))
     c.run_all(started=at(40))
