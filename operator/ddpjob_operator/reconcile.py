@@ -9,7 +9,7 @@ safe to repeat (deterministic names, deletes with UID preconditions, losses coun
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -121,7 +121,9 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     """The job is active: ensure children, count losses into incidents, replace pods, watch for stalls."""
     job, now, policy = ps.job, ps.now, ps.job.spec.run_policy
     kids = _children(result, ps)
-    losses = [] if finishing else _losses(ps)
+    reported = silent.reports(ps.old.get("progress"))
+    quiet = {p.uid for p in ps.workers if silent.applies(p, reported.get(p.name))}  # reported silent
+    losses = [] if finishing else _losses(ps, reported)
     how = stall_restart.REPLACE_PODS
     verdict = stall.check(ps.old, [p for p in ps.workers if p.active and (p.index or 0) < job.spec.pod_count],
                           [p for p in ps.rdzv if not p.gone], job.spec.replicas,
@@ -147,7 +149,7 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     result.events += [_loss_event(loss, iid, ps) for loss, iid in decision.new_losses]
     result.losses = [f"incident #{iid} ({loss.cause}): lost {loss.pod} uid={loss.uid} at {format_time(loss.at)}: "
                      f"{loss.detail}" for loss, iid in decision.new_losses]
-    if _silent(ps) & {loss.uid for loss, _ in decision.new_losses}:
+    if quiet & {loss.uid for loss, _ in decision.new_losses}:
         # A loss is acted on by the pass after this status write, whose own echo plans nothing; a pod its group
         # reported silent changes nothing else that would bring that pass (11 s until its node's NotReady did,
         # in the e2e run of 2026-11-27).
@@ -160,7 +162,7 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
                f"{incidents.list_text(ps.recent, ps.count)}")
         return _fail(result, ps, "BackoffLimitExceeded", msg)
     conflicts = list(kids.conflicts)
-    pod_plan = _plan_pods(ps, persisted, create=not finishing and not conflicts)
+    pod_plan = _plan_pods(ps, persisted, create=not finishing and not conflicts, quiet=quiet)
     conflicts += pod_plan.conflicts
     result.delete_pods, result.create_pods = pod_plan.delete, pod_plan.create
     if ps.placements is not None:
@@ -200,9 +202,8 @@ def _children(result: Plan, ps: Pass) -> children.ChildrenDecision:
     return kids
 
 
-def _losses(ps: Pass) -> list[failure.Loss]:
+def _losses(ps: Pass, reported: Mapping[str, silent.Report]) -> list[failure.Loss]:
     policy, now, node_ready = ps.job.spec.run_policy, ps.now, ps.obs.node_ready
-    reported = silent.reports(ps.old.get("progress"))
     out = [loss for p in ps.workers if (p.index or 0) < ps.job.spec.pod_count and p.uid not in ps.obs.deleted
            if (loss := failure.worker_loss(p, policy, node_ready, now)
                or silent.loss(p, reported.get(p.name), node_ready)) is not None]
@@ -213,7 +214,7 @@ def _losses(ps: Pass) -> list[failure.Loss]:
     return out
 
 
-def _plan_pods(ps: Pass, counted: Sequence[str], *, create: bool) -> pods.PodPlan:
+def _plan_pods(ps: Pass, counted: Sequence[str], *, create: bool, quiet: Collection[str]) -> pods.PodPlan:
     job, now = ps.job, ps.now
     foreign_workers = [p for p in ps.foreign if p.replica_type == names.TYPE_WORKER]
     foreign_rdzv = [p for p in ps.foreign if p.replica_type == names.TYPE_RENDEZVOUS]
@@ -222,14 +223,8 @@ def _plan_pods(ps: Pass, counted: Sequence[str], *, create: bool) -> pods.PodPla
                              now=now),
         pods.plan_workers(job, ps.workers, foreign_workers, counted, node_ready=ps.obs.node_ready,
                           generation=ps.restarts, incidents=ps.count, create=create, now=now,
-                          silent=_silent(ps)),
+                          silent=quiet),
     )
-
-
-def _silent(ps: Pass) -> set[str]:
-    """UIDs of the workers their group reported silent (policies/silent.py)."""
-    reported = silent.reports(ps.old.get("progress"))
-    return {p.uid for p in ps.workers if silent.applies(p, reported.get(p.name))}
 
 
 def _loss_event(loss: failure.Loss, incident_id: int, ps: Pass) -> st.Event:
