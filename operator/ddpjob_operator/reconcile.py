@@ -146,14 +146,7 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
             incident["restart"] = how
     ps.restarts += sum(1 for loss, _ in decision.new_losses if loss.index is not None)
     result.new_incidents = [i["cause"] for i in ps.recent if i["id"] in decision.opened]
-    result.events += [_loss_event(loss, iid, ps) for loss, iid in decision.new_losses]
-    result.losses = [f"incident #{iid} ({loss.cause}): lost {loss.pod} uid={loss.uid} at {format_time(loss.at)}: "
-                     f"{loss.detail}" for loss, iid in decision.new_losses]
-    if quiet & {loss.uid for loss, _ in decision.new_losses}:
-        # A loss is acted on by the pass after this status write, whose own echo plans nothing; a pod its group
-        # reported silent changes nothing else that would bring that pass (11 s until its node's NotReady did,
-        # in the e2e run of 2026-11-27).
-        result.requeue_at(now, now)
+    _record_losses(result, ps, decision, quiet)
     if decision.permanent is not None:
         loss = decision.permanent
         return _fail(result, ps, "PermanentExitCode", f"{loss.pod} failed permanently: {loss.detail}")
@@ -181,6 +174,18 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     outcome = _state(ps, decision)
     result.workload_writes += admission.pods_ready(job, ps.workload, outcome.state)
     return _with_status(result, ps.old, ps.status(outcome))
+
+
+def _record_losses(result: Plan, ps: Pass, decision: incidents.Decision, quiet: Collection[str]) -> None:
+    """The Events and log lines of this pass's new losses; the next pass at once for a silent pod's."""
+    result.events += [_loss_event(loss, iid, ps) for loss, iid in decision.new_losses]
+    result.losses = [f"incident #{iid} ({loss.cause}): lost {loss.pod} uid={loss.uid} at {format_time(loss.at)}: "
+                     f"{loss.detail}" for loss, iid in decision.new_losses]
+    if any(loss.uid in quiet for loss, _ in decision.new_losses):
+        # A loss is acted on by the pass after this status write, whose own echo plans nothing; a pod its group
+        # reported silent changes nothing else that would bring that pass (11 s until its node's NotReady did,
+        # in the e2e run of 2026-11-27).
+        result.requeue_at(ps.now, ps.now)
 
 
 def _children(result: Plan, ps: Pass) -> children.ChildrenDecision:
