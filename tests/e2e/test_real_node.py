@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +63,22 @@ def _probe_pod(ns: str, selector: dict[str, str]) -> dict[str, Any]:
                      "volumes": [{"name": "ckpt", "persistentVolumeClaim": {"claimName": "ckpt"}}]}}
 
 
+def _probe(cluster: Cluster, ns: str, selector: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """Run the probe pod to its end: its container's terminated state and its log."""
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(_probe_pod(ns, selector)))
+
+    def terminated() -> dict[str, Any] | None:
+        status = _get(cluster, "pod", "probe", "-n", ns)["status"]
+        statuses = status.get("containerStatuses") or []
+        done = status["phase"] in ("Succeeded", "Failed") and statuses
+        return statuses[0]["state"].get("terminated") if done else None
+
+    term = wait_for(terminated, timeout=180, describe="probe pod terminated",
+                    state=lambda: cluster.kubectl("describe", "pod", "probe", "-n", ns).stdout[-3000:])
+    assert isinstance(term, dict)
+    return term, cluster.kubectl("logs", "probe", "-n", ns).stdout
+
+
 def run_probe(cluster: Cluster, ns: str, peer_node: str | None = None, probe_node: str | None = None) -> None:
     """The whole check, shared by the tests below; `peer_node`/`probe_node` pin the two pods to named nodes (the
     multi-node check puts them on different ones)."""
@@ -81,18 +98,16 @@ def run_probe(cluster: Cluster, ns: str, peer_node: str | None = None, probe_nod
              timeout=60, describe="peer in the headless Service's EndpointSlice")
 
     probe_selector = {"kubernetes.io/hostname": probe_node} if probe_node else selector
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(_probe_pod(ns, probe_selector)))
-
-    def terminated() -> dict[str, Any] | None:
-        status = _get(cluster, "pod", "probe", "-n", ns)["status"]
-        statuses = status.get("containerStatuses") or []
-        done = status["phase"] in ("Succeeded", "Failed") and statuses
-        return statuses[0]["state"].get("terminated") if done else None
-
-    term = wait_for(terminated, timeout=180, describe="probe pod terminated",
-                    state=lambda: cluster.kubectl("describe", "pod", "probe", "-n", ns).stdout[-3000:])
-    logs = cluster.kubectl("logs", "probe", "-n", ns).stdout
+    term, logs = _probe(cluster, ns, probe_selector)
     result = json.loads(logs.strip().splitlines()[-1])
+    if result["errors"] and all("connect: connection refused" in e for e in result["errors"]):
+        # kube-proxy programs a new Service's endpoints asynchronously: until it has, the Service's rule REJECTs
+        # (seen once in the CI run of 2026-11-27, on a loaded machine just after the node tests powered nodes
+        # off and on). A refused fetch is that lag, not a broken data path: the probe runs once more.
+        time.sleep(5)
+        cluster.kubectl("delete", "pod", "probe", "-n", ns, "--wait=true", "--timeout=60s")
+        term, logs = _probe(cluster, ns, probe_selector)
+        result = json.loads(logs.strip().splitlines()[-1])
     assert result["errors"] == [], logs
     assert term["exitCode"] == EXIT_CODE, (term, logs)
     assert _get(cluster, "pod", "probe", "-n", ns)["status"]["phase"] == "Failed"  # non-zero exit, Never restart
