@@ -22,16 +22,7 @@ from typing import Any
 
 from ddpjob_worker import contract
 from ddpjob_worker.logs import get_logger
-from ddpjob_worker.progress import (
-    GROUP,
-    MERGE_PATCH,
-    PLURAL,
-    REQUEST_TIMEOUT_SECONDS,
-    VERSION,
-    InClusterApi,
-    StatusApi,
-    rfc3339_ms,
-)
+from ddpjob_worker.progress import InClusterApi, StatusApi, patch_progress, rfc3339_ms
 from ddpjob_worker.sender import Sender
 
 log = get_logger("peerreport")
@@ -72,9 +63,7 @@ class PeerReport:
         try:
             if self._api is None:
                 self._api = InClusterApi.from_environ(os.environ)
-            self._api.patch_namespaced_custom_object_status(
-                GROUP, VERSION, self.namespace, PLURAL, self.name, {"status": {"progress": progress}},
-                _content_type=MERGE_PATCH, _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            patch_progress(self._api, self.namespace, self.name, progress)
             log.info("reported to the operator: %s silent", ", ".join(progress.get("lostPeers", {})))
         except Exception as err:  # the operator still learns it from Kubernetes, later
             log.warning("could not report silent peer(s) to the operator (it learns of them when Kubernetes "

@@ -136,6 +136,15 @@ def _status_message(data: bytes) -> str:
         return data[:200].decode(errors="replace")
 
 
+def patch_progress(api: StatusApi, namespace: str, name: str, progress: Mapping[str, Any]) -> None:
+    """Merge ``progress`` into the DDPJob's status.progress (the one part of its status a worker may write)."""
+    api.patch_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, PLURAL, name, {"status": {"progress": progress}},
+        _content_type=MERGE_PATCH,  # the kubernetes client's default is a JSON *patch*
+        _request_timeout=REQUEST_TIMEOUT_SECONDS,
+    )
+
+
 class ProgressReporter:
     """Throttled, fail-soft reporting. Only rank 0 reports; on other ranks every call is a no-op. Any trouble
     (no cluster, no RBAC, API server down) is logged once and training goes on: progress is a convenience. The
@@ -258,11 +267,7 @@ class ProgressReporter:
 
     def _send_now(self, progress: Mapping[str, Any]) -> None:
         try:
-            self._client().patch_namespaced_custom_object_status(
-                GROUP, VERSION, self.namespace, PLURAL, self.name, {"status": {"progress": progress}},
-                _content_type=MERGE_PATCH,  # the kubernetes client's default is a JSON *patch*
-                _request_timeout=REQUEST_TIMEOUT_SECONDS,
-            )
+            patch_progress(self._client(), self.namespace, self.name, progress)
         except Exception as err:  # any failure: say so once, never stop training for it
             self._warn_once(f"cannot patch ddpjobs/{self.name} status in {self.namespace}: {err}")
 
