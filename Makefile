@@ -69,6 +69,10 @@ bench: venv tools ## Run the benchmarks (operator scale; checkpoint and worker b
 bench-recovery: venv tools node-tools images ## Faults of 3 kinds x 5 on a real node, spares 0 and 1: recovery phases p50/p95
 	$(PY) bench/recovery.py --faults 5 --spares 0 1 --out docs/bench
 
+.PHONY: bench-recovery-nodes
+bench-recovery-nodes: venv tools node-tools images ## A node powered off / partitioned x 5, spares 0 and 1, on 4 real nodes: phases p50/p95
+	$(PY) bench/recovery.py --kinds node --faults 5 --spares 0 1 --out docs/bench
+
 .PHONY: bench-gang
 bench-gang: venv tools ## Time the coscheduling scheduler placing 100 gang jobs x 4 workers against kube-scheduler
 	$(PY) bench/gang_scheduling.py --jobs 100 --workers 4 --rounds 2

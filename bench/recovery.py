@@ -33,6 +33,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import recovery_nodes  # noqa: E402
 from tests.conftest import Cluster, wait_for  # noqa: E402
 from tests.e2e import training as t  # noqa: E402
 
@@ -117,7 +118,9 @@ def measure(cluster: Cluster, ns: str, kind: str, at: float) -> dict[str, Any]:
         s = status(cluster, ns)
         start = (s.get("progress") or {}).get("start") or {}
         rdzv, first = ts(start.get("rendezvousTime")), ts(start.get("firstStepTime"))
-        if rdzv is not None and first is not None and rdzv > at:
+        # The agent announces the rendezvous alone (the previous group's other times stay until rank 0's
+        # first report): a group's record is complete once its first step is not older than it.
+        if rdzv is not None and first is not None and first >= rdzv > at:
             return "regrouped", start
         last = (s.get("incidents") or [{}])[-1]
         began = ts(last.get("startTime"))
@@ -177,14 +180,14 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def summary(rows: list[dict[str, Any]]) -> list[str]:
-    phases = [*POD_PHASES, *WORKER_PHASES]
+def summary(rows: list[dict[str, Any]], kinds: tuple[str, ...] = KINDS,
+            phases: tuple[str, ...] = (*POD_PHASES, *WORKER_PHASES)) -> list[str]:
     head = f"{'kind':<20} {'spares':>6} {'n':>3} | " + " | ".join(f"{p:>18}" for p in phases)
     out = [head, "p50 / p95 seconds from the fault; firstStep is the total", "-" * len(head)]
     spares_seen = sorted({r["spares"] for r in rows})
-    for kind in [*KINDS, "all faults"]:
+    for kind in [*kinds, "all faults"]:
         for spares in spares_seen:
-            sel = [r for r in rows if r["kind"] in (kind, *([] if kind != "all faults" else KINDS))
+            sel = [r for r in rows if r["kind"] in (kind, *([] if kind != "all faults" else kinds))
                    and r["spares"] == spares]
             if not sel:
                 continue
@@ -194,36 +197,40 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
                 cells.append(f"{pct(vals, 0.5):>7.2f} / {pct(vals, 0.95):>7.2f}" if vals else f"{'-':>18}")
             through = sum(bool(r.get("trainedThrough")) for r in sel)
             note = f"  ({through} trained through: no group restart)" if through else ""
+            extra = sum(int(r.get("incidents", 1)) != 1 for r in sel)
+            note += f"  ({extra} faults not counted as exactly one incident)" if extra else ""
             out.append(f"{kind:<20} {spares:>6} {len(sel):>3} | " + " | ".join(cells) + note)
     return out
 
 
-def plot(rows: list[dict[str, Any]], path: Path) -> None:
+def plot(rows: list[dict[str, Any]], path: Path, kinds: tuple[str, ...] = KINDS,
+         phases: tuple[str, ...] = WORKER_PHASES, title: str = "real node") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    labels, width = [], 0.38
+    width = 0.38
+    colors = ["#c6dbef", "#9ecae1", "#4292c6", "#08519c"][-len(phases):]
     for s_i, spares in enumerate(sorted({r["spares"] for r in rows})):
         xs, bottoms = [], []
-        for k_i, kind in enumerate(KINDS):
+        for k_i, kind in enumerate(kinds):
             sel = [r for r in rows if r["kind"] == kind and r["spares"] == spares]
             xs.append(k_i + (s_i - 0.5) * width)
             # A phase that did not happen (a store lost and trained through: no new group) is drawn as 0 s.
-            bottoms.append([statistics.median([r.get(p, 0.0) for r in sel]) if sel else 0.0 for p in WORKER_PHASES])
+            bottoms.append([statistics.median([r.get(p, 0.0) for r in sel]) if sel else 0.0 for p in phases])
         prev = [0.0] * len(xs)
-        for p_i, phase in enumerate(WORKER_PHASES):
+        for p_i, phase in enumerate(phases):
             tops = [b[p_i] for b in bottoms]
             ax.bar(xs, [max(0.0, top - low) for top, low in zip(tops, prev, strict=True)], width, bottom=prev,
-                   color=["#9ecae1", "#4292c6", "#08519c"][p_i], edgecolor="white" if spares == 0 else "black",
+                   color=colors[p_i], edgecolor="white" if spares == 0 else "black",
                    hatch="" if spares == 0 else "//", label=f"{phase} (spares {spares})")
-            prev = tops
-        labels = list(KINDS)
-    ax.set_xticks(range(len(KINDS)), labels)
+            prev = [max(top, low) for top, low in zip(tops, prev, strict=True)]
+    ax.set_xticks(range(len(kinds)), list(kinds))
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.4)  # room for the legend above the bars
     ax.set_ylabel("seconds from the fault (median)")
-    ax.set_title("Recovery per phase: spares 0 (plain) vs 1 (hatched), real node")
+    ax.set_title(f"Recovery per phase: spares 0 (plain) vs 1 (hatched), {title}")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -241,34 +248,48 @@ def local_cluster(directory: Path) -> tuple[Cluster, Callable[[], None]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kinds", choices=("pod", "node"), default="pod",
+                        help="pod: kill -9, pod deleted, rendezvous deleted on one real node; node: a node powered "
+                             "off or partitioned on the local multi-node cluster (bench/recovery_nodes.py)")
     parser.add_argument("--faults", type=int, default=5, help="faults of each kind per spares setting")
     parser.add_argument("--spares", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--spacing", type=float, default=15.0,
                         help="seconds between the job being quiet again and the next fault (faults are independent "
                              "events; 0 measures bursts, where the last recovery's pre-started trainer is not yet "
                              "replaced)")
-    parser.add_argument("--kubeconfig", type=Path, help="an existing cluster with the images and the operator")
-    parser.add_argument("--out", type=Path, help="write recovery.json and recovery.png here")
+    parser.add_argument("--kubeconfig", type=Path, help="an existing cluster with the images and the operator "
+                        "(pod kinds only: the node kinds take down the local cluster's nodes)")
+    parser.add_argument("--out", type=Path, help="write recovery[-node].json and recovery[-node].png here")
     parser.add_argument("--logs", type=Path, help="keep every worker pod's log (kubelet timestamps) here")
     args = parser.parse_args()
+    if args.kinds == "node" and args.kubeconfig:
+        parser.error("--kinds node runs on the local cluster's network-namespace nodes: leave out --kubeconfig")
     tmp = Path(tempfile.mkdtemp(prefix="ddpjob-recovery-", dir="/tmp"))
-    cluster, stop = (Cluster(args.kubeconfig), lambda: None) if args.kubeconfig else local_cluster(tmp / "c")
+    start = recovery_nodes.local_cluster if args.kinds == "node" else local_cluster
+    cluster, stop = (Cluster(args.kubeconfig), lambda: None) if args.kubeconfig else start(tmp / "c")
     load = os.getloadavg()[0]
     rows: list[dict[str, Any]] = []
     try:
         selector = {"ddpjob.io/real-node": "true"} if not args.kubeconfig else {}
         for spares in args.spares:
-            rows += run_case(cluster, selector, spares, args.faults, args.spacing, args.logs)
+            if args.kinds == "node":
+                rows += recovery_nodes.run_case(cluster, spares, args.faults, args.spacing, TRAINER)
+            else:
+                rows += run_case(cluster, selector, spares, args.faults, args.spacing, args.logs)
     finally:
         stop()
         shutil.rmtree(tmp, ignore_errors=True)  # the cluster's directory, empty of processes and mounts after down
     print(f"load average {load:.1f} before, {os.getloadavg()[0]:.1f} after, on {os.cpu_count()} CPUs")
-    print("\n".join(summary(rows)))
+    node = args.kinds == "node"
+    kinds, phases = (recovery_nodes.KINDS, recovery_nodes.PHASES) if node else (KINDS, (*POD_PHASES, *WORKER_PHASES))
+    print("\n".join(summary(rows, kinds, phases)))
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "recovery.json").write_text(json.dumps(rows, indent=1))
-        plot(rows, args.out / "recovery.png")
-        print(f"wrote {args.out / 'recovery.json'} and {args.out / 'recovery.png'}")
+        stem = "recovery-node" if node else "recovery"
+        (args.out / f"{stem}.json").write_text(json.dumps(rows, indent=1))
+        plot(rows, args.out / f"{stem}.png", kinds, recovery_nodes.PLOTTED if node else WORKER_PHASES,
+             "a node lost (4 real nodes)" if node else "real node")
+        print(f"wrote {args.out / stem}.json and .png")
 
 
 if __name__ == "__main__":

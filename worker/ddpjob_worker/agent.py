@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -74,6 +75,21 @@ def leave_round(handler: Any) -> None:
                     "wait for this pod's heartbeat to expire", type(err).__name__, err)
 
 
+def unique_node(handler: Any) -> None:
+    """Make this agent a participant of its own in the rendezvous, not one shared with every other incarnation
+    of its pod (compat.renew_node says how they collided). Without it, a cut-off pod's old agent, stopped once its
+    node is back, takes its replacement out of the round as it leaves; the replacement's later loss then goes
+    unreported and the job waits for Kubernetes to call its node NotReady."""
+    if not compat.capabilities().unique_node:
+        return  # said in the capability line; the collision needs a pod replaced while its old agent lives
+    try:
+        node = compat.renew_node(handler, secrets.randbits(31))
+    except AttributeError as err:  # another kind of handler (static, etcd): it has its own identities
+        log.info("rendezvous node left as torch named it (%s): %s", type(handler).__name__, err)
+        return
+    log.info("rendezvous node %s", node)
+
+
 def join_timeout(handler: Any) -> float:
     """Seconds a rendezvous join may take (torchrun's ``join_timeout``, 600 s by default)."""
     timeout = getattr(getattr(compat.rendezvous_settings(handler), "timeout", None), "join", None)
@@ -95,6 +111,7 @@ class PodAgent(LocalElasticAgent):
     def __init__(self, spec: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(spec, *args, **kwargs)
         handler = spec.rdzv_handler
+        unique_node(handler)
         if compat.capabilities().agent_closes_rendezvous:
             # torch 2.6 closes it on every shutdown that is not a restart, a SIGTERM included: only success may.
             compat.detach_rendezvous(self)

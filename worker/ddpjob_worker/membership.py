@@ -54,7 +54,12 @@ class Membership:
         self.handler = handler
         self.world = world
         self.budget = budget
-        self.round = compat.handler_state(handler).round
+        state = compat.handler_state(handler)
+        self.round = state.round
+        # Each rank's node in this round: a peer that another agent (or torch's sweep) removed is gone from the
+        # state by the time this agent reports it, and the report needs its pod's name.
+        self.nodes = {int(rank): str(node) for node, rank in state.participants.items()}
+        self._reported: set[int] = set()
         self.me = compat.this_node(handler)
         prefix = f"ddpjob.peers/{handler.get_run_id()}/{self.round}"
         self.timeout = min(2.0, budget / 2)
@@ -90,6 +95,8 @@ class Membership:
             self._evict(dead)
         state = compat.handler_state(self.handler)  # as the monitor loop's last sync left it
         why = verdict(self.round, self.world, dead, state.round, len(state.participants))
+        if why is not None and dead and state.round == self.round:
+            self._report(gone(dead, self.nodes, {str(n) for n in state.participants}, self._reported))
         if why is None and self.me not in state.participants and not self._told_removed:
             self._told_removed = True
             log.warning("this pod is no longer listed in rendezvous round %d, yet its group trains on: torch's "
@@ -108,10 +115,23 @@ class Membership:
             log.warning("rank(s) %s silent for %s s (peerTimeoutSeconds %g): removed %s from rendezvous round %d",
                         ", ".join(map(str, dead)), ", ".join(f"{ages.get(r, 0):g}" for r in dead), self.budget,
                         ", ".join(removed), self.round)
-            # The operator replaces them now, not when Kubernetes calls their node NotReady (a job without a
-            # spare waits for that replacement). One silence for all: they were judged by the same poll.
-            silent_for = max((ages.get(r, self.budget) for r in dead), default=self.budget)
-            self.report.silent({peerreport.pod_of(node): silent_for for node in removed})
+
+    def _report(self, ranks: list[int]) -> None:
+        """The operator replaces them now, not when Kubernetes calls their node NotReady (a job without a spare
+        waits for that replacement); whoever removed them. One silence for all: they were judged by one poll."""
+        if not ranks:
+            return
+        self._reported.update(ranks)
+        ages = self.watch.ages.ages(self.watch.clock())
+        silent_for = max(ages.get(r, self.budget) for r in ranks)
+        self.report.silent({peerreport.pod_of(self.nodes[r]): silent_for for r in ranks})
+
+
+def gone(dead: list[int], nodes: dict[int, str], listed: set[str], reported: set[int]) -> list[int]:
+    """Pure: the silent ranks (``dead``, this agent's own verdict) whose nodes (``nodes``: rank -> node of the
+    watched round) are no longer ``listed`` in the round and not ``reported`` yet: removed by this agent, another
+    survivor or torch's sweep, each is reported once per agent."""
+    return [r for r in dead if r not in reported and r in nodes and nodes[r] not in listed]
 
 
 def verdict(watched_round: int, world: int, dead: list[int], round_now: int, participants: int) -> str | None:

@@ -4,7 +4,7 @@ peers this agent's own watch finds silent."""
 from __future__ import annotations
 
 import pytest
-from ddpjob_worker.membership import verdict
+from ddpjob_worker.membership import gone, verdict
 
 
 @pytest.mark.parametrize(("dead", "round_now", "participants", "expected"), [
@@ -25,3 +25,23 @@ def test_a_pod_swept_from_a_round_that_goes_on_keeps_training() -> None:
     2026-11-27 restarted a healthy group for it): the same round, no silent peer, so nothing to re-form. The
     participants count is of the round without this pod."""
     assert verdict(4, 2, [], 4, 1) is None
+
+
+NODES = {0: "w-0.job.ns.svc.cluster.local_1_0", 1: "w-1.job.ns.svc.cluster.local_1_0",
+         2: "w-2.job.ns.svc.cluster.local_1_0"}
+
+
+@pytest.mark.parametrize(("dead", "listed", "reported", "expected"), [
+    ([], {0, 1, 2}, set(), []),
+    ([2], {0, 1, 2}, set(), []),  # silent but still listed: nothing removed it yet
+    ([2], {0, 1}, set(), [2]),  # removed (by this agent, another survivor or torch's sweep): reported
+    ([2], {0, 1}, {2}, []),  # once per agent
+    ([1, 2], {0}, {1}, [2]),
+    ([3], {0, 1}, set(), []),  # a rank this agent never saw in its round: no name to report
+])
+def test_gone_peers_are_reported_whoever_removed_them(dead: list[int], listed: set[int], reported: set[int],
+                                                       expected: list[int]) -> None:
+    """The bench of 2026-11-27: a cut-off pod's old agent, stopped once its node was back, took its replacement
+    (the same node descriptor then) out of the round; when the replacement's node was lost, the survivor's
+    eviction found nothing to remove and nothing was reported, so the job waited 30 s for Kubernetes."""
+    assert gone(dead, NODES, {NODES[r] for r in listed}, reported) == expected

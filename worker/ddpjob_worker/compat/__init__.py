@@ -39,6 +39,7 @@ handler_store = _rendezvous.handler_store
 heartbeat_lock = _rendezvous.heartbeat_lock
 leave_round = _rendezvous.leave_round
 rendezvous_settings = _rendezvous.rendezvous_settings
+renew_node = _rendezvous.renew_node
 round_store = _rendezvous.round_store
 set_poll_interval = _rendezvous.set_poll_interval
 shorten_rendezvous_poll = _rendezvous.shorten_rendezvous_poll
@@ -82,6 +83,8 @@ class Capabilities:
     store_reconnect: bool
     #: A silent peer can be removed from the round the way torch's heartbeat sweep removes it (peerwatch).
     peer_eviction: bool = False
+    #: The handler's node descriptor can be made unique per pod incarnation (its pid field: ``renew_node``).
+    unique_node: bool = False
 
     def describe(self) -> str:
         """The one log line, e.g. ``torch 2.6.0: shutdown budget via agent override, numa_options no, ...``."""
@@ -100,6 +103,7 @@ class Capabilities:
             f"fast polls {yes(self.poll_tuning)}",
             f"store reconnect {yes(self.store_reconnect)}",
             f"peer eviction {yes(self.peer_eviction)}",
+            f"unique node {yes(self.unique_node)}",
         ])
 
 
@@ -174,6 +178,9 @@ def _probe() -> Capabilities:
         peer_eviction=_checked(lambda: assigns(handler_cls.__init__, ["_this_node", "_state_holder", "_heartbeat_lock"])
                                and holder_assigns("_last_sync_time") and all(
             callable(getattr(dr._BackendRendezvousStateHolder, m, None)) for m in ("_sanitize", "mark_dirty", "sync"))),
+        unique_node=_checked(lambda: assigns(handler_cls.__init__, ["_this_node", "_op_executor"])
+                             and assigns(dr._DistributedRendezvousOpExecutor.__init__, ["_node"])
+                             and "pid" in {f.name for f in dataclasses.fields(dr._NodeDesc)}),
     )
 
 

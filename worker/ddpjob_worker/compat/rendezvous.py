@@ -89,6 +89,21 @@ def switch_store(handler: Any, store: Any, run_id: str, state_bits: bytes) -> No
     holder._last_sync_time = -1.0  # the next read goes to the store, not to the cache
 
 
+def renew_node(handler: Any, incarnation: int) -> Any:
+    """Give the handler's node a descriptor no other incarnation of this pod has; returns it. torch's is
+    ``<fqdn>_<pid>_<local id>``, and an agent that is its container's first process has the same pid in every
+    incarnation of a pod, so a replaced pod's old agent (alive on a cut-off node until its kubelet is back) and
+    its replacement were one participant to the rendezvous: the old one leaving took the new one out of the
+    round, and its heartbeats kept the new one's alive. The pid is identity only (torch logs it); the address
+    stays the pod's FQDN, which the peers connect to. Call before the first rendezvous."""
+    import dataclasses
+
+    node = dataclasses.replace(handler._this_node, pid=incarnation)
+    handler._this_node = node
+    handler._op_executor._node = node
+    return node
+
+
 def this_node(handler: Any) -> Any:
     """The handler's own node (the key of ``participants`` in the rendezvous state)."""
     return handler._this_node
