@@ -100,14 +100,7 @@ def pod_phases(cluster: Cluster, ns: str, at: float) -> dict[str, float]:
     new = [p for p in t.worker_pods(cluster, ns, JOB) if (ts(p["metadata"]["creationTimestamp"]) or 0) >= int(at)]
     if not new:
         return {}
-    pod = min(new, key=lambda p: p["metadata"]["creationTimestamp"])
-    conds = {c["type"]: c for c in pod["status"].get("conditions") or []}
-    running = next((c["state"]["running"]["startedAt"] for c in pod["status"].get("containerStatuses") or []
-                    if "running" in (c.get("state") or {})), None)
-    found = {"replacementCreated": ts(pod["metadata"]["creationTimestamp"]),
-             "scheduled": ts(conds.get("PodScheduled", {}).get("lastTransitionTime")),
-             "containerStarted": ts(running)}
-    return {k: max(0.0, v - at) for k, v in found.items() if v is not None}
+    return recovery_nodes.pod_phases_of(min(new, key=lambda p: p["metadata"]["creationTimestamp"]), at)
 
 
 def measure(cluster: Cluster, ns: str, kind: str, at: float) -> dict[str, Any]:

@@ -81,9 +81,8 @@ def _pod(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
     return found if found.get("kind") == "Pod" else {}
 
 
-def _replacement_phases(pod: dict[str, Any], old_uid: str, at: float) -> dict[str, float]:
-    if not pod or pod["metadata"]["uid"] == old_uid:
-        return {}
+def pod_phases_of(pod: dict[str, Any], at: float) -> dict[str, float]:
+    """A pod's replacementCreated, scheduled and containerStarted, seconds after ``at`` (1 s timestamps)."""
     conds = {c["type"]: c for c in pod["status"].get("conditions") or []}
     running = next((c["state"]["running"]["startedAt"] for c in pod["status"].get("containerStatuses") or []
                     if "running" in (c.get("state") or {})), None)
@@ -91,6 +90,10 @@ def _replacement_phases(pod: dict[str, Any], old_uid: str, at: float) -> dict[st
              "scheduled": _ts(conds.get("PodScheduled", {}).get("lastTransitionTime")),
              "containerStarted": _ts(running)}
     return {k: max(0.0, v - at) for k, v in found.items() if v is not None}
+
+
+def _replacement_phases(pod: dict[str, Any], old_uid: str, at: float) -> dict[str, float]:
+    return pod_phases_of(pod, at) if pod and pod["metadata"]["uid"] != old_uid else {}
 
 
 def measure(cluster: Cluster, ns: str, victim: str, old_uid: str, at: float) -> dict[str, Any]:
