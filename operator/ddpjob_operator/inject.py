@@ -56,8 +56,8 @@ def init_container(image: str, security: Obj) -> Obj:
     return {
         "name": RUNTIME_INIT_CONTAINER,
         "image": image,
-        # A tag such as :dev or :latest would default to Always, which fails wherever images are imported rather
-        # than pulled (kind, air-gapped nodes); released tags are immutable, so IfNotPresent is right for them too.
+        # Set, not defaulted: :latest (or no tag) would default to Always, which fails wherever images are imported
+        # rather than pulled (kind, air-gapped nodes); released tags are immutable, so IfNotPresent suits them.
         "imagePullPolicy": "IfNotPresent",
         "command": ["cp", "-R", f"{RUNTIME_IMAGE_DIR}/.", RUNTIME_MOUNT_PATH],
         "volumeMounts": [{"name": RUNTIME_VOLUME, "mountPath": RUNTIME_MOUNT_PATH}],
