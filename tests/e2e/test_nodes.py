@@ -267,19 +267,16 @@ def test_node_of_a_worker_lost(background: Background, reference: Run) -> None:
     force-delete the pod (the replacement started 32 s after the loss then, the first step 40 s)."""
     run = background.result("node-lost-worker")
     row = _report("node-lost-worker", run, reference)
-    lost = run.extra["lost_at"]
-    detection = next((w for w, _, line in run.logs.lines if w > lost and "silent for" in line), None)
-    shown = round(detection - lost, 1) if detection else None
-    t.log(f"node-lost-worker (no spare): from the loss: detection {shown}s, replacement started "
-          f"{row['replacement_start_s']}s, first step {row['first_step_s']}s (NotReady {row['not_ready_s']}s)")
+    shown = _phases("node-lost-worker", run, row)[1]["detection"]
     incidents = run.status.get("incidents") or []
     assert [(i["cause"], i["outcome"]) for i in incidents] == [("NodeLost", "Recovered")], incidents
     assert shown is not None and shown <= PEER_TIMEOUT + 3, (shown, run.logs.text()[-4000:])
     # What the operator controls: the replacement runs before Kubernetes even calls the node NotReady (6.1 s on
     # a lighter load, 7.6 s in the full CI run, against 32 s when it waited). The first step then depends on the
     # replacement's own start-up (an interpreter, torch, the rendezvous, the checkpoint): 15.0 s after the loss
-    # on the lighter load, 54.2 s in the full CI run of 2026-11-27, where the start-up took 46.6 s on 2 cores
-    # shared with every other e2e job; so the issue's 30 s is measured and printed, not asserted here.
+    # on the lighter load, 54.2 s and 41.1 s in two full CI runs of 2026-11-27, where the start-up took 46.6 s and
+    # 33.5 s on 2 cores shared with every other e2e job (10 s on a quiet machine: bench/recovery.py --kinds node);
+    # so the issue's 30 s is measured and printed (and kept in the results file), not asserted here.
     assert row["replacement_start_s"] < min(row["not_ready_s"], PEER_TIMEOUT + 10), row
     assert_same_model(run, reference)
 
@@ -311,22 +308,36 @@ def test_powered_off_node_with_a_spare_recovers_in_seconds(background: Backgroun
     _assert_recovered_with_the_spare("power-off-spare", background.result("power-off-spare"), reference)
 
 
-def _assert_recovered_with_the_spare(label: str, run: Run, reference: Run) -> None:
-    row = _report(label, run, reference)
+def _phases(label: str, run: Run, row: dict[str, Any]) -> tuple[dict[str, float | None], dict[str, float | None]]:
+    """The recovery's phases from the pods' logs (times, and seconds from the loss), printed and kept in the
+    results file with the run's row (a passing test's output is not kept by CI)."""
     lost = run.extra["lost_at"]
-    # One incident for the node: the replacement the operator creates at once may be bound to that very node
-    # (every other node has a pod of the job) and be lost with it; that is not a second incident.
-    incidents = run.status.get("incidents") or []
-    assert [(i["cause"], i["outcome"]) for i in incidents] == [("NodeLost", "Recovered")], incidents
     phases = {
         "detection": next((w for w, _, line in run.logs.lines if w > lost and "silent for" in line), None),
         "rendezvous": next((w for w, _, line in run.logs.lines
                             if w > lost and "rendezvous complete: this pod is in the group" in line), None),
         "checkpointLoaded": min((w for w, _, _ in run.logs.resumes(lost)), default=None),
     }
+    # The lost pod's replacement (same name): its first line is its interpreter up (a power-off silences the old
+    # one; a cut-off one's lines arrive with its kubelet, later). Printed, not required: a spare's replacement
+    # may start after the test has its numbers.
+    victim = run.extra.get("victim", f"{JOB}-worker-1")
+    first_line = next((w for w, pod, _ in run.logs.lines if w > lost and pod.startswith(victim)), None)
     shown = {k: round(v - lost, 1) if v else None for k, v in phases.items()}
+    shown["replacementFirstLog"] = round(first_line - lost, 1) if first_line else None
     t.log(f"{label}: from the fault: {shown}, first step {row['first_step_s']}s, NotReady "
           f"{row['not_ready_s']}s, replacement started {row['replacement_start_s']}s")
+    results.record(label, **row, phases_s=shown)
+    return phases, shown
+
+
+def _assert_recovered_with_the_spare(label: str, run: Run, reference: Run) -> None:
+    row = _report(label, run, reference)
+    # One incident for the node: the replacement the operator creates at once may be bound to that very node
+    # (every other node has a pod of the job) and be lost with it; that is not a second incident.
+    incidents = run.status.get("incidents") or []
+    assert [(i["cause"], i["outcome"]) for i in incidents] == [("NodeLost", "Recovered")], incidents
+    phases, shown = _phases(label, run, row)
     assert all(phases.values()), (shown, run.logs.text()[-4000:])
     # The issue asks for < 10 s: 7.8 s with 5 jobs on the 2 cores, 11.2 s in the full CI run (2026-11-27), where
     # loading the checkpoint alone took 2.1 s. The bound here fails a group that waits for Kubernetes (45-97 s).
