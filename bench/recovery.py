@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,8 @@ from bench import recovery_nodes  # noqa: E402
 from tests.conftest import Cluster, wait_for  # noqa: E402
 from tests.e2e import training as t  # noqa: E402
 
+ts = recovery_nodes.ts
+
 JOB = "bench"
 WORKER_PHASES = ("rendezvous", "checkpointLoaded", "firstStep")
 POD_PHASES = ("replacementCreated", "scheduled", "containerStarted")
@@ -44,10 +45,6 @@ KINDS = ("kill -9", "pod deleted", "rendezvous deleted")
 TRAINER = ["python", "-m", "ddpjob_worker.examples.charlm", "--epochs", "1000", "--steps-per-epoch", "60",
            "--batch-size", "16", "--d-model", "64", "--checkpoint-every", "5", "--step-delay", "0.2", "--seed", "1",
            "--log-every", "1"]  # every step logged: the first step after a fault the group trains through
-
-
-def ts(value: str | None) -> float | None:
-    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() if value else None
 
 
 def status(cluster: Cluster, ns: str) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from tests.e2e.test_nodes import (
     TOLERATIONS,
     _node_ready,
     _old_pod_processes,
+    _pod,
     _training_pod_away_from_the_store,
 )
 
@@ -44,7 +45,8 @@ PLOTTED = ("detection", "rendezvous", "checkpointLoaded", "firstStep")
 NODES = 5
 
 
-def _ts(value: str | None) -> float | None:
+def ts(value: str | None) -> float | None:
+    """An API timestamp (RFC 3339, Z) as epoch seconds; None stays None."""
     return t.parse_ts(value) if value else None
 
 
@@ -76,19 +78,14 @@ def _quiet(cluster: Cluster, ns: str, spares: int, after_checkpoint: int) -> int
     return int(((status.get("progress") or {}).get("lastCheckpoint") or {}).get("step") or 0)  # type: ignore[union-attr]
 
 
-def _pod(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
-    found = json.loads(cluster.kubectl("get", "pod", name, "-n", ns, "-o", "json", check=False).stdout or "{}")
-    return found if found.get("kind") == "Pod" else {}
-
-
 def pod_phases_of(pod: dict[str, Any], at: float) -> dict[str, float]:
     """A pod's replacementCreated, scheduled and containerStarted, seconds after ``at`` (1 s timestamps)."""
     conds = {c["type"]: c for c in pod["status"].get("conditions") or []}
     running = next((c["state"]["running"]["startedAt"] for c in pod["status"].get("containerStatuses") or []
                     if "running" in (c.get("state") or {})), None)
-    found = {"replacementCreated": _ts(pod["metadata"]["creationTimestamp"]),
-             "scheduled": _ts(conds.get("PodScheduled", {}).get("lastTransitionTime")),
-             "containerStarted": _ts(running)}
+    found = {"replacementCreated": ts(pod["metadata"]["creationTimestamp"]),
+             "scheduled": ts(conds.get("PodScheduled", {}).get("lastTransitionTime")),
+             "containerStarted": ts(running)}
     return {k: max(0.0, v - at) for k, v in found.items() if v is not None}
 
 
@@ -100,7 +97,7 @@ def measure(cluster: Cluster, ns: str, victim: str, old_uid: str, at: float) -> 
     """Wait for rank 0's start record of a group formed after the fault and its first step; every phase."""
     def regrouped() -> dict[str, Any] | None:
         start = (t.job_status(cluster, ns, JOB).get("progress") or {}).get("start") or {}
-        rdzv, first = _ts(start.get("rendezvousTime")), _ts(start.get("firstStepTime"))
+        rdzv, first = ts(start.get("rendezvousTime")), ts(start.get("firstStepTime"))
         # The agent announces the rendezvous alone (the previous group's other times stay until rank 0's
         # first report): a group's record is complete once its first step is not older than it.
         return start if rdzv is not None and first is not None and first >= rdzv > at else None
@@ -108,9 +105,9 @@ def measure(cluster: Cluster, ns: str, victim: str, old_uid: str, at: float) -> 
     start = wait_for(regrouped, timeout=300, interval=0.25, describe=f"first step after the loss of {victim}",
                      state=lambda: t.describe_job(cluster, ns, JOB))
     assert isinstance(start, dict)
-    phases = {p: (_ts(start.get(f"{p}Time")) or at) - at for p in ("rendezvous", "checkpointLoaded", "firstStep")}
+    phases = {p: (ts(start.get(f"{p}Time")) or at) - at for p in ("rendezvous", "checkpointLoaded", "firstStep")}
     report = ((t.job_status(cluster, ns, JOB).get("progress") or {}).get("lostPeers") or {}).get(victim) or {}
-    reported = _ts(report.get("reportTime"))
+    reported = ts(report.get("reportTime"))
     if reported is not None and reported > at:
         phases["detection"] = reported - at
     return phases
@@ -128,9 +125,11 @@ def one_fault(cluster: Cluster, ns: str, how: str, spares: int) -> dict[str, Any
     down_fn(directory, node)
     try:
         row: dict[str, Any] = measure(cluster, ns, victim, uid, at)
-        wait_for(lambda: bool(_replacement_phases(_pod(cluster, ns, victim), uid, at).get("containerStarted")),
-                 timeout=240, interval=0.5, describe=f"{victim}'s replacement running")
-        row.update(_replacement_phases(_pod(cluster, ns, victim), uid, at))
+        def running() -> dict[str, float] | None:
+            phases = _replacement_phases(_pod(cluster, ns, victim), uid, at)
+            return phases if "containerStarted" in phases else None
+
+        row.update(wait_for(running, timeout=240, interval=0.5, describe=f"{victim}'s replacement running"))
     finally:
         up_fn(directory, node)
     wait_for(lambda: _node_ready(cluster, node), timeout=180, interval=0.5, describe=f"{node} Ready again")
