@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the pinned cluster tools (Kubernetes control plane, etcd, kwok, helm, scheduler-plugins' scheduler, Kueue;
-# kubelet, kube-proxy and CoreDNS with --node) from their Go modules into a cache outside the repo, keyed by
-# version.
+# Builds the pinned cluster tools (Kubernetes control plane, etcd, kwok, helm, scheduler-plugins' scheduler, Kueue,
+# Prometheus' promtool; kubelet, kube-proxy and CoreDNS with --node) from their Go modules into a cache outside the
+# repo, keyed by version.
 # A tool already in the cache is skipped, so a warm run takes well under a second.
 #
 # Usage: hack/install-tools.sh [--node] [--print-dir]
@@ -88,6 +88,7 @@ tools=(
   "scheduler-plugins|$SCHEDULER_PLUGINS_VERSION|sigs.k8s.io/scheduler-plugins|sigs.k8s.io/scheduler-plugins/cmd/scheduler|plain"
   # Kueue's go.mod has no replace directives: nothing to repeat in replaces_of.
   "kueue|$KUEUE_VERSION|sigs.k8s.io/kueue|sigs.k8s.io/kueue/cmd/kueue|kueue"
+  "promtool|$PROMETHEUS_VERSION|github.com/prometheus/prometheus|github.com/prometheus/prometheus/cmd/promtool|plain"
 )
 if [ "$want_node" = 1 ]; then
   tools+=(

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from ddpjob_operator import leader, names, ratelimit
+from ddpjob_operator.views import cli as views_cli
 
 app = typer.Typer(no_args_is_help=True, help="ddpjob: fault-tolerant PyTorch DDP training on Kubernetes.")
 
@@ -98,6 +99,11 @@ def run(
     from ddpjob_operator.local import run_local  # imported late: only `ddpjob run` needs it
 
     raise typer.Exit(run_local(manifest, workdir=workdir, kill_after=kill_after))
+
+
+# The kubectl plugin's views (`kubectl ddpjob describe|list`), also as `ddpjob describe|list`.
+app.command("describe")(views_cli.describe)
+app.command("list")(views_cli.list_jobs)
 
 
 @app.command()

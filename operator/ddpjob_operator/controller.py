@@ -86,6 +86,8 @@ class Controller:
     def __init__(self) -> None:
         self.jobs: dict[Key, JobMemory] = {}
         self.queue: WorkQueue[Key] = WorkQueue()
+        metrics.WORKQUEUE_DEPTH.set_function(lambda: len(self.queue))
+        metrics.JOB_STATS.source = lambda: [mem.body for mem in self.jobs.values()]
         self.cache = ChildCache()
         self.identity = WorkerIdentity()
         self._states: dict[Key, str] = {}
@@ -187,7 +189,8 @@ class Controller:
         if self._synced is not None:
             await self._synced.wait()
         while True:
-            key = await self.queue.get()
+            key, waited = await self.queue.get_timed()
+            metrics.WORKQUEUE_LATENCY.observe(waited)
             try:
                 await self.reconcile(key)
             except NamespaceTerminating:

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 from urllib.parse import urlencode
@@ -212,9 +213,11 @@ class Kube:
             raise kopf.TemporaryError(f"{method.upper()} {url}: not the leader (lease not renewed)", delay=5)
         headers = {"Content-Type": content_type} if content_type else None
         code = 0
+        started = time.monotonic()
         try:
             async with self._in_flight:
                 await self._bucket.acquire()
+                started = time.monotonic()  # the request alone: not the wait for the rate limit or a slot
                 response = await kopf_api.request(
                     method,
                     url,
@@ -239,6 +242,7 @@ class Kube:
         finally:
             # One count per call: kopf's retries inside a call (never for a create) are not seen here.
             metrics.API_REQUESTS.labels(method.upper(), _resource(url), str(code)).inc()
+            metrics.API_LATENCY.labels(method.upper(), _resource(url)).observe(time.monotonic() - started)
         return cast(Obj, json.loads(text)) if text else {}
 
     async def create(self, obj: Obj) -> Created:

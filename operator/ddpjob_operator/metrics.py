@@ -3,8 +3,15 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram, start_http_server
+from collections.abc import Callable, Iterator, Mapping
+from datetime import UTC, datetime
+from typing import Any
 
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ddpjob_operator import jobstats
 from ddpjob_operator.policies.failure import CAUSES
 from ddpjob_operator.policies.recovery import PHASES, TOTAL
 
@@ -48,6 +55,15 @@ RECOVERY_PHASE = Histogram(
     "Seconds from an incident's start to each recovery phase (policies/recovery.py PHASES)",
     ["phase"],
     buckets=_RECOVERY_BUCKETS,
+)
+WORKQUEUE_DEPTH = Gauge("ddpjob_workqueue_depth", "Jobs waiting in the work queue for a reconcile pass")
+WORKQUEUE_LATENCY = Histogram(
+    "ddpjob_workqueue_latency_seconds", "Seconds a job waited in the work queue before its pass started",
+    buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+API_LATENCY = Histogram(
+    "ddpjob_api_request_duration_seconds", "Seconds one API request took (after the client-side rate limit), by "
+    "verb and resource", ["verb", "resource"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 STATES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
@@ -99,3 +115,28 @@ def serve(port: int) -> None:
     """Start the /metrics HTTP endpoint on all interfaces (port 0: disabled)."""
     if port:
         start_http_server(port)
+
+
+class JobStatsCollector(Collector):
+    """Figures over every known job (jobstats.py), computed when Prometheus scrapes; ``source`` is set by the
+    controller (no jobs before)."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], list[Mapping[str, Any]]] = list
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        stats = jobstats.collect(self.source(), datetime.now(UTC))
+        yield GaugeMetricFamily("ddpjob_jobs_incident_budget_nearly_spent", "Unfinished DDPJobs whose incidents "
+                                f"reached {jobstats.BUDGET_WARN_SHARE:.0%} of spec.runPolicy.backoffLimit",
+                                value=stats.budget_nearly_spent)
+        yield GaugeMetricFamily("ddpjob_jobs_stalled", "Running DDPJobs whose Stalled condition is True",
+                                value=stats.stalled)
+        yield GaugeMetricFamily("ddpjob_jobs_recovering", "Running DDPJobs with an incident still recovering",
+                                value=stats.recovering)
+        yield GaugeMetricFamily("ddpjob_checkpoint_age_max_seconds", "Seconds since the last checkpoint of the "
+                                "running DDPJob that saved one longest ago (0: none reported)",
+                                value=stats.max_checkpoint_age)
+
+
+JOB_STATS = JobStatsCollector()
+REGISTRY.register(JOB_STATS)

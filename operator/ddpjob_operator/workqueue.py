@@ -4,6 +4,7 @@ is processed by at most one worker at a time, so many events collapse into one r
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Hashable
 from typing import Generic, TypeVar
 
@@ -19,6 +20,7 @@ class WorkQueue(Generic[K]):
         self._active: set[K] = set()
         self._dirty: set[K] = set()
         self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._added: dict[K, float] = {}  # when each waiting key was queued (time.monotonic)
 
     def add(self, key: K) -> None:
         """Ask for one more pass of ``key``."""
@@ -26,6 +28,7 @@ class WorkQueue(Generic[K]):
             self._dirty.add(key)
         elif key not in self._waiting:
             self._waiting.add(key)
+            self._added[key] = time.monotonic()
             self._queue.put_nowait(key)
 
     def add_after(self, key: K, delay: float) -> None:
@@ -45,10 +48,14 @@ class WorkQueue(Generic[K]):
 
     async def get(self) -> K:
         """Wait for the next key and mark it in work."""
+        return (await self.get_timed())[0]
+
+    async def get_timed(self) -> tuple[K, float]:
+        """The next key, marked in work, and the seconds it waited in the queue (the queue's latency)."""
         key = await self._queue.get()
         self._waiting.discard(key)
         self._active.add(key)
-        return key
+        return key, max(0.0, time.monotonic() - self._added.pop(key, time.monotonic()))
 
     def done(self, key: K) -> None:
         """Mark ``key`` finished; re-queue it if it was added meanwhile."""

@@ -133,6 +133,8 @@ class Background:
         if not have_lanes:
             pytest.skip(f"{name} needs the local multi-node cluster with {LANE_NODES} network-namespace nodes: "
                         "make cluster-up NODE=real NODES=4, or no KUBECONFIG")
+        # Wait for the runs it comes after before taking a lane, so a lane never idles while another run needs it.
+        wait([self._futures[n] for n in AFTER.get(name, ()) if n in self._futures])
         lane = self._lanes.get()
         try:
             return self._run(name, lane)

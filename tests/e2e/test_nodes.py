@@ -235,7 +235,12 @@ def _run(lane: Env, label: str, scenario: Scenario, **manifest: Any) -> Run:
 
 
 # Each run takes down a node of its lane (tests/e2e/background.py): two run at once, on nodes of their own.
-@runs_in_background("node-lost-worker", lane=True)
+# Without a spare, the first step waits for the replacement's start-up (an interpreter and torch twice: the
+# agent and its pre-started trainer, then the checkpoint), which is CPU-bound: on this machine 8 simulated nodes
+# share 2 cores, and beside node 0's three jobs and the other lane the replacement's node got about a fifth of a
+# core (start-up 33-47 s, against 4 s on a quiet machine). So this run starts once the soak is done, beside the
+# two elastic runs and no other lane run: a loaded node, not a starved one.
+@runs_in_background("node-lost-worker", lane=True, after=("soak",))
 def node_lost_worker_run(lane: Env) -> Run:
     return _run(lane, "node-lost-worker", node_fault("worker-1", "power_off"))
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -177,6 +178,19 @@ def test_optional_pieces(render: Render) -> None:
     objs = render("serviceAccount.create=false", "serviceAccount.name=existing")
     assert not by_kind(objs, "ServiceAccount")
     assert one(objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
+
+
+def test_alerts_and_dashboard_are_off_by_default_and_one_flag_each(render: Render) -> None:
+    assert not by_kind(render(), "PrometheusRule") and not by_kind(render(), "ConfigMap")
+    rule = one(render("metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=prom",
+                      "metrics.prometheusRule.checkpointAgeSeconds=600"), "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    exprs = {r["alert"]: r["expr"] for r in rule["spec"]["groups"][0]["rules"]}
+    assert exprs["DDPJobCheckpointTooOld"].endswith("> 600")
+    assert 'job="ddpjob-operator-metrics", namespace="ddpjob-system"' in exprs["DDPJobOperatorDown"]
+    board = one(render("metrics.dashboard.enabled=true"), "ConfigMap")
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(board["data"]["ddpjob-operator.json"])["uid"] == "ddpjob-operator"
 
 
 def test_two_replicas_elect_a_leader_over_their_own_lease(render: Render) -> None:

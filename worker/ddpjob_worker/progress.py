@@ -154,12 +154,15 @@ class ProgressReporter:
     owns_progress = True
 
     def __init__(self, *, interval_seconds: float = 10.0, environ: Mapping[str, str] | None = None,
-                 api: StatusApi | None = None) -> None:
+                 api: StatusApi | None = None, total_steps: int | None = None) -> None:
         if self.owns_progress:
             _script_reports.set()
         env = os.environ if environ is None else environ
         self.enabled = env.get("RANK", "0") == "0"
         self.interval = interval_seconds
+        #: The global step training ends at, when the script knows it (status.progress.totalSteps): `kubectl
+        #: ddpjob describe` draws the progress bar and the ETA from it. May be set later (e.g. once the data is read).
+        self.total_steps = total_steps
         self.name = env.get(contract.DDPJOB_NAME, "")
         self.namespace = env.get(contract.DDPJOB_NAMESPACE, "")
         self.file = Path(env[contract.DDPJOB_PROGRESS_FILE]) if env.get(contract.DDPJOB_PROGRESS_FILE) else None
@@ -197,6 +200,8 @@ class ProgressReporter:
             return
         progress: dict[str, Any] = {"epoch": epoch, "step": step, "globalStep": global_step,
                                     "source": SOURCE_REPORTER}
+        if self.total_steps is not None:
+            progress["totalSteps"] = int(self.total_steps)
         if loss is not None:
             progress["loss"] = round(float(loss), 6)
         if checkpoint_step is not None:

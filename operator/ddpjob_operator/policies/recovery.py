@@ -15,9 +15,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ddpjob_operator.observed import PodView, parse_time
+from ddpjob_operator.policies import silent
 
 #: Every phase, in the order a recovery without a spare goes through them (the metric's label values).
-PHASES = ("replacementCreated", "scheduled", "containerStarted", "rendezvous", "checkpointLoaded", "firstStep")
+#: ``detection``: a lost node only, from the peer's silence to the survivor's report (status.progress.lostPeers).
+PHASES = ("detection", "replacementCreated", "scheduled", "containerStarted", "rendezvous", "checkpointLoaded",
+          "firstStep")
 #: The phase that ends a recovery: training runs again.
 TOTAL = "firstStep"
 
@@ -40,9 +43,18 @@ def _seconds(at: datetime | None, began: datetime) -> float | None:
     return None if at is None else round(max(0.0, (at - began).total_seconds()), 3)
 
 
+def _detection(began: datetime, progress: Mapping[str, Any]) -> float | None:
+    """Seconds from a peer's silence to its group's report of it, for an incident that began at that silence (the
+    operator starts a NodeLost incident at ``silentSince``, truncated to the second); None for any other."""
+    first = min((r.reported for r in silent.reports(progress).values()
+                 if began - timedelta(seconds=1) <= r.since <= began + timedelta(seconds=1) and r.reported >= began),
+                default=None)
+    return _seconds(first, began)
+
+
 def phases(began: datetime, workers: Sequence[PodView], progress: Mapping[str, Any]) -> dict[str, float]:
     """The phases seen for an incident that began at ``began`` (only those that happened after it)."""
-    out: dict[str, float | None] = {}
+    out: dict[str, float | None] = {"detection": _detection(began, progress)}
     new = [p for p in workers if p.created_at is not None and p.created_at >= began]
     if new:
         pod = min(new, key=lambda p: (p.created_at, p.name))

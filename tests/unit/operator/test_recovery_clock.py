@@ -49,6 +49,21 @@ def replacement(created: float, scheduled: float | None, started: float | None) 
 OLD = PodView.from_pod(pod_obj(make_job().obj(), 0, created=at(-100), started=at(-99)))
 
 
+def lost(since: float, reported: float) -> dict[str, Any]:
+    return {"lostPeers": {"job-worker-1": {"silentSince": ms(since), "reportTime": ms(reported), "by": "w0"}}}
+
+
+@pytest.mark.parametrize(("progress", "want"), [
+    (lost(0.4, 5.5), {"detection": 5.5}),  # the incident began at the silence, truncated to the second
+    (lost(-40, -35), {}),  # an older report: another incident's
+    ({**lost(0.2, 5.1), **start(5.6, 6.0, 6.5)},
+     {"detection": 5.1, "rendezvous": 5.6, "checkpointLoaded": 6.0, "firstStep": 6.5}),
+    ({"lostPeers": {"x": "garbled"}}, {}),
+])
+def test_a_lost_nodes_detection_is_a_phase(progress: dict[str, Any], want: dict[str, float]) -> None:
+    assert recovery.phases(T0, [OLD], progress) == want
+
+
 @pytest.mark.parametrize(("pods", "progress", "want"), [
     ([OLD], {}, {}),  # nothing happened after the start yet
     ([OLD, replacement(1, 2, 4)], {}, {"replacementCreated": 1, "scheduled": 2, "containerStarted": 4}),

@@ -78,3 +78,19 @@ def test_agent_argv_follows_kubernetes_command_and_args() -> None:
     assert agent_argv({"command": ["ddp-worker"], "args": ["t.py"]}, bindir)[1:] == ["-m",
                                                                                     "ddpjob_worker.entrypoint", "t.py"]
     assert agent_argv({"command": ["python", "t.py"]}, bindir) == [sys.executable, "t.py"]
+
+
+def test_a_known_total_goes_out_with_every_report() -> None:
+    api = FakeApi()
+    reporter = ProgressReporter(environ=ENV, api=api, interval_seconds=0, total_steps=300)
+    reporter.report(epoch=0, step=1, global_step=1)
+    assert reporter.drain(5)
+    reporter.total_steps = 450  # e.g. once the data set's size is known
+    reporter.report(epoch=0, step=2, global_step=2)
+    assert reporter.drain(5)
+    assert [c[-1]["status"]["progress"]["totalSteps"] for c in api.calls] == [300, 450]
+    quiet = FakeApi()
+    unknown = ProgressReporter(environ=ENV, api=quiet, interval_seconds=0)
+    unknown.report(epoch=0, step=1, global_step=1)
+    assert unknown.drain(5)
+    assert len(quiet.calls) == 1 and "totalSteps" not in quiet.calls[0][-1]["status"]["progress"]

@@ -199,7 +199,8 @@ def train(args: argparse.Namespace) -> None:
                                        **({"directory": args.checkpoint_dir} if args.checkpoint_dir else {}))
     ckpt = Checkpointer(config, model=model, optimizer=optimizer, lr_scheduler=scheduler, grad_scaler=scaler)
     record = SampleRecord.open(args.record_samples, rank, world) if args.record_samples else None
-    run = Run(args, device, model, optimizer, scheduler, scaler, ckpt, ProgressReporter(), sampler, loader, plan,
+    reporter = ProgressReporter(total_steps=args.epochs * steps_per_epoch)  # the bar and ETA of kubectl ddpjob
+    run = Run(args, device, model, optimizer, scheduler, scaler, ckpt, reporter, sampler, loader, plan,
               steps_per_epoch, record)
     state = ckpt.resume()
     run.reporter.resumed()

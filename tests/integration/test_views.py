@@ -1,0 +1,157 @@
+"""`kubectl ddpjob describe` and `kubectl ddpjob list` against a real control plane: a job through two faults (a
+worker that fails, a deleted pod), run the way a user runs them (kubectl finds the plugin on the PATH). kwok runs
+no trainers, so the test writes status.progress as rank 0's reporter does (a merge patch of the status)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import Cluster, wait_for
+from tests.integration.operator_support import Jobs, OperatorProcess, small_job
+
+NAME = "views"
+
+
+def kubectl_ddpjob(cluster: Cluster, *args: str, check: bool = True, timeout: float = 30
+                   ) -> subprocess.CompletedProcess[str]:
+    """`kubectl ddpjob ARGS` with this venv's bin (where pip put kubectl-ddpjob) first on the PATH."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "KUBECONFIG": str(cluster.kubeconfig)}
+    proc = subprocess.run(["kubectl", "ddpjob", *args], capture_output=True, text=True, env=env, timeout=timeout,
+                          check=False)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def _ms(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def report(cluster: Cluster, ns: str, step: int, *, group_started: datetime | None = None,
+           checkpoint: int | None = None) -> None:
+    """What rank 0's ProgressReporter patches: the step (of 100), the rate, the last checkpoint, and with
+    ``group_started`` a new process group's start record (rendezvous, checkpoint loaded, first step)."""
+    now = datetime.now(UTC)
+    progress: dict[str, Any] = {"globalStep": step, "totalSteps": 100, "epoch": 0, "stepRate": 2.0,
+                                "source": "Reporter", "lastStepTime": _ms(now), "updateTime": _ms(now)}
+    if checkpoint is not None:
+        progress["lastCheckpoint"] = {"step": checkpoint, "time": _ms(now)}
+    if group_started is not None:
+        progress["start"] = {"rendezvousTime": _ms(group_started),
+                             "checkpointLoadedTime": _ms(group_started + timedelta(milliseconds=300)),
+                             "firstStepTime": _ms(group_started + timedelta(milliseconds=500))}
+    cluster.kubectl("patch", "ddpjob", NAME, "-n", ns, "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"progress": progress}}))
+
+
+def recover(cluster: Cluster, jobs: Jobs, ns: str, incident: int, step: int) -> None:
+    """The replacement runs; its group starts and steps: the incident is Recovered."""
+    wait_for(lambda: jobs.get(NAME)["status"].get("incidentCount") == incident, timeout=30,
+             describe=f"incident {incident}", state=lambda: jobs.describe(NAME))
+    jobs.running(NAME, 2, timeout=90)
+    report(cluster, ns, step, group_started=datetime.now(UTC), checkpoint=step - step % 10)
+
+    def recovered() -> bool:
+        incidents = jobs.get(NAME)["status"].get("incidents") or []
+        return len(incidents) == incident and incidents[-1].get("outcome") == "Recovered"
+
+    wait_for(recovered, timeout=30, describe=f"incident {incident} recovered", state=lambda: jobs.describe(NAME))
+
+
+def test_describe_and_list_through_faults(cluster: Cluster, namespace: str, operator: OperatorProcess,
+                                          jobs: Jobs, tmp_path: Path) -> None:
+    jobs.apply(small_job(NAME, 2, runPolicy={"backoffLimit": 5}))
+    jobs.running(NAME, 2)
+    jobs.wait_condition(NAME, "Running")
+    report(cluster, namespace, 40, group_started=datetime.now(UTC) - timedelta(seconds=20), checkpoint=30)
+
+    listed = kubectl_ddpjob(cluster, "list", "-n", namespace).stdout.splitlines()
+    assert listed[0].split()[:5] == ["NAME", "STATE", "READY", "PROGRESS", "INCIDENTS"], listed
+    assert listed[1].split()[:7] == [NAME, "Running", "2/2", "40/100", "(40%)", "0", "0.0s"], listed
+    text = kubectl_ddpjob(cluster, "describe", NAME, "-n", namespace).stdout
+    assert "Progress:    [########------------]   40%  step 40/100  epoch 0  2.00 steps/s  ETA 30s" in text, text
+    assert "Checkpoint:  step 30, " in text and "Incidents:   0 of backoffLimit 5" in text, text
+
+    jobs.fail(f"{NAME}-worker-1", 137)  # killed: retried (exit code 1 is a permanent failure by default)
+    wait_for(lambda: "  OOMKilled  Recovering  pods: views-worker-1" in kubectl_ddpjob(
+        cluster, "describe", NAME, "-n", namespace).stdout, timeout=30, describe="describe shows incident 1 recovering",
+        state=lambda: jobs.describe(NAME))
+    recover(cluster, jobs, namespace, 1, 45)
+    cluster.kubectl("delete", "pod", f"{NAME}-worker-0", "-n", namespace, "--wait=false")
+    recover(cluster, jobs, namespace, 2, 52)
+
+    text = kubectl_ddpjob(cluster, "describe", NAME, "-n", namespace).stdout
+    (tmp_path / "describe.txt").write_text(text)
+    lines = text.splitlines()
+    heads = [line for line in lines if line.startswith("  #")]
+    assert [h.split()[0] for h in heads] == ["#1", "#2"], text
+    assert [h.split()[2:4] for h in heads] == [["OOMKilled", "Recovered"], ["PodDeleted", "Recovered"]], text
+    assert f"pods: {NAME}-worker-1" in heads[0] and f"pods: {NAME}-worker-0" in heads[1], text
+    first = lines.index(heads[0])
+    block = lines[first:lines.index(heads[1])]
+    # Each incident's phases in order, ending at the first step, and the Events the operator posted for it.
+    assert any(line.strip().startswith("phases: replacementCreated +") and "firstStep +" in line
+               for line in block), block
+    assert any("Warning WorkerFailed: worker 1" in line and "incident #1" in line for line in block), block
+    assert "Workers:     2/2 ready, 2 pod(s) replaced" in lines, text
+    assert "Incidents:   2 of backoffLimit 5" in lines, text
+
+    row = kubectl_ddpjob(cluster, "list", "-n", namespace).stdout.splitlines()[1].split()
+    assert row[:6] == [NAME, "Running", "2/2", "52/100", "(52%)", "2"], row
+    lost, goodput = row[6], row[7]
+    assert lost != "0.0s" and float(goodput.rstrip("%")) < 100, row
+    everywhere = kubectl_ddpjob(cluster, "list", "-A").stdout
+    assert any(line.split()[:2] == [namespace, NAME] for line in everywhere.splitlines()), everywhere
+    check_metrics(operator.metrics())
+
+
+def check_metrics(scrape: str) -> None:
+    """`promtool check metrics` on a live scrape (after faults, so the labelled series exist): the names, types,
+    units and help texts pass Prometheus' own lint; and the figures over all jobs are there."""
+    from tests.cluster.controlplane import tool
+
+    lint = subprocess.run([str(tool("promtool")), "check", "metrics"], input=scrape, capture_output=True, text=True,
+                          timeout=30)
+    assert lint.returncode == 0 and not lint.stdout.strip() and not lint.stderr.strip(), lint.stdout + lint.stderr
+    for name in ("ddpjob_workqueue_depth", "ddpjob_workqueue_latency_seconds_count",
+                 'ddpjob_api_request_duration_seconds_count{resource="pods",verb="POST"}',
+                 "ddpjob_jobs_recovering", "ddpjob_checkpoint_age_max_seconds",
+                 'ddpjob_incidents_total{cause="PodDeleted"}'):
+        assert name in scrape, (name, scrape)
+
+
+def test_watch_redraws_on_change_and_ends_when_the_job_finishes(cluster: Cluster, namespace: str,
+                                                              operator: OperatorProcess, jobs: Jobs) -> None:
+    jobs.apply(small_job(NAME, 1))
+    jobs.running(NAME, 1)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "KUBECONFIG": str(cluster.kubeconfig)}
+    watch = subprocess.Popen(["kubectl", "ddpjob", "describe", NAME, "-n", namespace, "--watch", "--interval",
+                              "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        time.sleep(3)
+        report(cluster, namespace, 7)
+        time.sleep(2)
+        jobs.succeed(f"{NAME}-worker-0")
+        out, err = watch.communicate(timeout=60)
+    finally:
+        watch.kill()
+    assert watch.returncode == 0, err
+    views = out.split("\nName:")
+    assert len(views) >= 3, out  # the first view, the step, the end (and what changed between)
+    assert "step 7/100" in out and "State:       Succeeded" in views[-1], out
+
+
+def test_one_clear_line_for_a_job_that_does_not_exist(cluster: Cluster, namespace: str, ddpjob_crd: str) -> None:
+    proc = kubectl_ddpjob(cluster, "describe", "nope", "-n", namespace, check=False)
+    assert proc.returncode == 1 and proc.stdout == "", proc
+    assert proc.stderr == f"ddpjob: no DDPJob 'nope' in namespace {namespace} (kubectl get ddpjobs -A lists them " \
+                          "all)\n", proc.stderr
