@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The e2e tier (`make e2e`, part of `make test` and so of CI): real containers, real training.
 #   1. hack/images.sh --e2e: build ddpjob-operator:dev, ddpjob-worker:dev and ddpjob-runtime:dev from the working
-#      tree, and the plain user image ddpjob-plain:torch-<oldest supported> (tests/e2e/images/plain). Always run, so
+#      tree (operator and runtime also tagged with the chart's appVersion, what the e2e tier's `helm install` with
+#      default values deploys), and the plain user image ddpjob-plain:torch-<oldest supported>
+#      (tests/e2e/images/plain). Always run, so
 #      the tests never exercise stale images; a warm run rebuilds only the code layer (seconds).
 #   2. tests/images: both images under Docker (non-root, no build tools, the worker trains, the operator
 #      answers /healthz against a local control plane).

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds ddpjob-operator:dev, ddpjob-worker:dev and ddpjob-runtime:dev from the Dockerfile on a machine that cannot
-# pull images or reach HTTPS from inside containers (used by `make images`, CI and the e2e tier).
+# pull images or reach HTTPS from inside containers (used by `make images`, CI and the e2e tier). The operator and
+# runtime images are also tagged with the chart's appVersion (charts/ddpjob-operator/Chart.yaml), the tags `helm
+# install` with default values deploys.
 #
 #   hack/images.sh            install docker.io if missing, start dockerd if none runs, build the three images
 #   hack/images.sh --e2e      the same, plus the e2e tier's plain user image ddpjob-plain:torch-<oldest supported>
@@ -33,6 +35,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO=$PWD
 CACHE=${DDPJOB_CACHE:-$HOME/.cache/ddpjob}
 TAG=${TAG:-dev}
+APP_VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/ddpjob-operator/Chart.yaml)
 BASE_IMAGE=python:3.11-slim-bookworm
 PIDFILE=$CACHE/dockerd.pid
 mkdir -p "$CACHE"
@@ -181,16 +184,17 @@ build() {
     "$DOCKER" rmi "$old" >/dev/null 2>&1 || true
   fi
 }
-for target in operator worker; do
-  build "ddpjob-$target:$TAG" "$CACHE/build-$target.log" --target "$target" --build-arg PIP_ARGS=--no-index "$CTX"
-done
+build "ddpjob-operator:$TAG" "$CACHE/build-operator.log" -t "ddpjob-operator:$APP_VERSION" --target operator \
+  --build-arg PIP_ARGS=--no-index "$CTX"
+build "ddpjob-worker:$TAG" "$CACHE/build-worker.log" --target worker --build-arg PIP_ARGS=--no-index "$CTX"
 # The runtime from a context of its own (worker/ only): BuildKit keeps one copy of a context directory and syncs it to
 # the paths the target uses, so a runtime build from $CTX would drop the wheels from that copy and the next operator
 # build would send all 3 GB again (~25 s instead of ~1 s).
 RUNTIME_CTX=$CACHE/runtime-context
 rm -rf "$RUNTIME_CTX" && mkdir -p "$RUNTIME_CTX"
 cp -a "$CTX/worker" "$CTX/.dockerignore" "$RUNTIME_CTX/"
-build "ddpjob-runtime:$TAG" "$CACHE/build-runtime.log" --target runtime -f "$CTX/Dockerfile" "$RUNTIME_CTX"
+build "ddpjob-runtime:$TAG" "$CACHE/build-runtime.log" -t "ddpjob-runtime:$APP_VERSION" --target runtime \
+  -f "$CTX/Dockerfile" "$RUNTIME_CTX"
 
 # 6. The e2e tier's plain user image: torch of the oldest supported release and nothing of ours.
 if [ "$E2E" = 1 ]; then

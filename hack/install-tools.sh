@@ -88,6 +88,8 @@ tools=(
   "scheduler-plugins|$SCHEDULER_PLUGINS_VERSION|sigs.k8s.io/scheduler-plugins|sigs.k8s.io/scheduler-plugins/cmd/scheduler|plain"
   # Kueue's go.mod has no replace directives: nothing to repeat in replaces_of.
   "kueue|$KUEUE_VERSION|sigs.k8s.io/kueue|sigs.k8s.io/kueue/cmd/kueue|kueue"
+  # Built without service discovery (build_tags: its cloud SDKs), which rule and metric checks never use: 94 s cold
+  # instead of 247 s on 2 cores.
   "promtool|$PROMETHEUS_VERSION|github.com/prometheus/prometheus|github.com/prometheus/prometheus/cmd/promtool|plain"
 )
 if [ "$want_node" = 1 ]; then
@@ -137,6 +139,9 @@ replaces_of() {
 # The module downloads of every tool still to build, one module after another in the background: on a cold
 # cache they are minutes of waiting on the network per tool, which now pass while the first tool compiles.
 # A build starts only once its own module is downloaded (a marker), so the two never write one go.mod at once.
+# build_tags PKG: Go build tags for a tool (Prometheus' remove_all_sd drops every service-discovery plugin).
+build_tags() { [ "$1" = github.com/prometheus/prometheus/cmd/promtool ] && echo remove_all_sd || true; }
+
 prefetch=()
 for entry in "${tools[@]}"; do
   IFS='|' read -r name ver mod pkg kind <<<"$entry"
@@ -153,7 +158,7 @@ if [ ${#prefetch[@]} -gt 0 ]; then
     for item in "${prefetch[@]}"; do
       IFS='|' read -r src mod pkg <<<"$item"
       [ -f "$src/.fetched" ] && continue
-      (cd "$src" && go mod download "$mod" && go list -mod=mod -deps "$pkg" >/dev/null) \
+      (cd "$src" && go mod download "$mod" && go list -mod=mod -tags "$(build_tags "$pkg")" -deps "$pkg" >/dev/null) \
         >"$CACHE/logs/fetch-${src##*/}.log" 2>&1
       touch "$src/.fetched"  # also after a failure: the build then downloads, and shows the error itself
     done
@@ -194,7 +199,7 @@ for entry in "${tools[@]}"; do
   fi
   t_tool=$(date +%s)
   run_logged "$CACHE/logs/$name-$ver.log" "building $name" \
-    bash -c "cd '$src' && go mod download $mod && go build -mod=mod -o '$out.tmp' -ldflags '$ldflags' '$pkg' && $extra && mv '$out.tmp' '$out'"
+    bash -c "cd '$src' && go mod download $mod && go build -mod=mod -tags '$(build_tags "$pkg")' -o '$out.tmp' -ldflags '$ldflags' '$pkg' && $extra && mv '$out.tmp' '$out'"
   built=$((built + 1))
   # A row of make test's timing table (hack/timings.py), nested under the phase that ran this script.
   [ -z "${DDPJOB_TIMINGS:-}" ] || printf '  build/%s\t%d\t0\n' "$name" "$(( $(date +%s) - t_tool ))" >>"$DDPJOB_TIMINGS"

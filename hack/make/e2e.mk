@@ -7,7 +7,7 @@ e2e: venv tools node-tools ## Build the images, then tests/images and tests/e2e 
 
 # kind recipe (a laptop with Docker), same suite against the current KUBECONFIG:
 #   make images && kind create cluster
-#   kind load docker-image ddpjob-operator:dev ddpjob-worker:dev ddpjob-runtime:dev   # make images-e2e: + ddpjob-plain
+#   kind load docker-image ddpjob-operator:0.1.0 ddpjob-worker:dev ddpjob-runtime:0.1.0   # images-e2e: + ddpjob-plain
 #   hack/node/build-images.sh /tmp/img && kind load image-archive /tmp/img/*/probe.tar   # test_real_node only
 #   make e2e-kind
 .PHONY: e2e-kind

@@ -7,7 +7,7 @@ INSTALL_NAMESPACE ?= ddpjob-system
 INSTALL_RELEASE ?= ddpjob-operator
 
 .PHONY: images
-images: venv ## Build ddpjob-operator:dev, ddpjob-worker:dev and ddpjob-runtime:dev (installs/starts Docker; cached)
+images: venv ## Build ddpjob-operator, ddpjob-worker and ddpjob-runtime :dev (operator, runtime also :appVersion; cached)
 	@bash hack/images.sh
 
 .PHONY: images-e2e

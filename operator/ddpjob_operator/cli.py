@@ -101,9 +101,10 @@ def run(
     raise typer.Exit(run_local(manifest, workdir=workdir, kill_after=kill_after))
 
 
-# The kubectl plugin's views (`kubectl ddpjob describe|list`), also as `ddpjob describe|list`.
+# The kubectl plugin's views (`kubectl ddpjob describe|list|report`), also as `ddpjob describe|list|report`.
 app.command("describe")(views_cli.describe)
 app.command("list")(views_cli.list_jobs)
+app.command("report")(views_cli.report)
 
 
 @app.command()

@@ -7,7 +7,7 @@ settings). Every faulted run must end with the reference's parameters, bit for b
 every tensor's bytes, and final.pt on the PV where there is one), and with the same loss, step for step, for
 every step it logged (`--log-every 1`, rank-tagged). The soak is in test_soak.py; fixtures in conftest.py.
 
-Runs on any KUBECONFIG whose cluster has ddpjob-worker:dev and ddpjob-operator:dev (kind: `kind load
+Runs on any KUBECONFIG whose cluster has ddpjob-worker:dev and ddpjob-operator:0.1.0 (kind: `kind load
 docker-image`); without one, on the local real node (the session fixture), into which the images are imported.
 """
 

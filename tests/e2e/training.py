@@ -17,10 +17,13 @@ from tests.conftest import Cluster, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ddpjob-operator"
-OPERATOR_IMAGE = os.environ.get("DDPJOB_E2E_OPERATOR_IMAGE", "ddpjob-operator:dev")
+#: The chart's appVersion: the operator and runtime tags `helm install` with default values deploys, which
+#: `make images` (hack/images.sh) tags beside :dev, so the e2e tier installs the operator as docs/packaging.md says.
+APP_VERSION = re.search(r'^appVersion: *"?([^"\n]+)"?$', (CHART / "Chart.yaml").read_text(), re.M).group(1)  # type: ignore[union-attr]
+OPERATOR_IMAGE = os.environ.get("DDPJOB_E2E_OPERATOR_IMAGE", f"ddpjob-operator:{APP_VERSION}")
 WORKER_IMAGE = os.environ.get("DDPJOB_E2E_WORKER_IMAGE", "ddpjob-worker:dev")
 #: The runtime the operator injects into every worker pod (init container) and the rendezvous pod's image.
-RUNTIME_IMAGE = os.environ.get("DDPJOB_E2E_RUNTIME_IMAGE", "ddpjob-runtime:dev")
+RUNTIME_IMAGE = os.environ.get("DDPJOB_E2E_RUNTIME_IMAGE", f"ddpjob-runtime:{APP_VERSION}")
 #: What every DDPJob's pods need on the nodes (hack/demo.py, bench/recovery.py and the e2e session import these).
 NODE_IMAGES = [OPERATOR_IMAGE, WORKER_IMAGE, RUNTIME_IMAGE]
 
@@ -137,18 +140,25 @@ def import_images(cluster_dir: Path, images: list[str]) -> None:
 
 # --- operator -----------------------------------------------------------------------------------------------------
 
+def _image_values() -> list[str]:
+    """`--set` flags for images other than the chart's defaults (DDPJOB_E2E_*_IMAGE); none for the defaults, so
+    the install is docs/packaging.md's `helm install` as written."""
+    out = []
+    for key, image in (("image", OPERATOR_IMAGE), ("runtimeImage", RUNTIME_IMAGE)):
+        repo, _, tag = image.rpartition(":")
+        if (repo, tag) != (f"ddpjob-{'operator' if key == 'image' else 'runtime'}", APP_VERSION):
+            out += ["--set", f"{key}.repository={repo}", "--set", f"{key}.tag={tag}"]
+    return out
+
+
 def helm_install_operator(cluster: Cluster, affinity: dict[str, Any] | None = None) -> None:
-    """`helm upgrade --install` the chart with the local operator image and wait for its Deployment;
-    ``affinity`` keeps the operator off nodes that tests take down."""
-    repo, _, tag = OPERATOR_IMAGE.rpartition(":")
-    runtime_repo, _, runtime_tag = RUNTIME_IMAGE.rpartition(":")
+    """`helm upgrade --install` the chart (default values: the images `make images` tags with the appVersion) and
+    wait for its Deployment; ``affinity`` keeps the operator off nodes that tests take down."""
     t0 = time.monotonic()
     pin = ["--set-json", f"affinity={json.dumps(affinity)}"] if affinity else []
     proc = subprocess.run(
         [helm(), "upgrade", "--install", RELEASE, str(CHART), "--kubeconfig", str(cluster.kubeconfig),
-         "-n", OPERATOR_NS, "--create-namespace", "--set", f"image.repository={repo}", "--set", f"image.tag={tag}",
-         "--set", f"runtimeImage.repository={runtime_repo}", "--set", f"runtimeImage.tag={runtime_tag}",
-         "--set", "image.pullPolicy=IfNotPresent", *pin, "--wait", "--timeout", "5m"],
+         "-n", OPERATOR_NS, "--create-namespace", *_image_values(), *pin, "--wait", "--timeout", "5m"],
         check=False, capture_output=True, text=True,
     )
     if proc.returncode != 0:

@@ -22,10 +22,15 @@ def _node_ready(cluster: Cluster, node: str) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
+#: The CPU example with a checkpoint claim the operator creates (the example itself keeps checkpoints on emptyDirs).
+CLAIM = {"mountPath": "/checkpoints", "volumeClaim": {"size": "1Gi", "accessModes": ["ReadWriteOnce"]},
+         "retainOnDelete": True}
+
+
 def test_cpu_example_creates_children_runs_and_succeeds(
     cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
 ) -> None:
-    jobs.apply(example("cpu-charlm.yaml"))
+    jobs.apply(example("cpu-charlm.yaml", checkpoint=CLAIM))
     job = jobs.get("charlm")
     uid = job["metadata"]["uid"]
     pods = jobs.running("charlm", 2)
@@ -151,7 +156,7 @@ def test_operator_sigkilled_mid_creation_converges_to_exactly_16_pods(
 def test_suspend_deletes_pods_keeps_pvc_and_counts_then_resume(
     cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
 ) -> None:
-    jobs.apply(example("cpu-charlm.yaml"))
+    jobs.apply(example("cpu-charlm.yaml", checkpoint=CLAIM))
     jobs.running("charlm", 2)
     jobs.fail("charlm-worker-1", 137)
     wait_for(lambda: jobs.get("charlm")["status"].get("restarts") == 1, timeout=60, describe="restarts == 1")

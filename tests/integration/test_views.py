@@ -112,6 +112,11 @@ def test_describe_and_list_through_faults(cluster: Cluster, namespace: str, oper
     assert any(line.split()[:2] == [namespace, NAME] for line in everywhere.splitlines()), everywhere
     check_metrics(operator.metrics())
 
+    picture = tmp_path / "views.png"
+    said = kubectl_ddpjob(cluster, "report", NAME, "-n", namespace, "-o", str(picture)).stdout
+    assert said.startswith(f"{picture}: {namespace}/{NAME}: Running, 2 incident(s), goodput "), said
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+
 
 def check_metrics(scrape: str) -> None:
     """`promtool check metrics` on a live scrape (after faults, so the labelled series exist): the names, types,

@@ -7,12 +7,14 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ddpjob_operator.views import describe as describe_view
 from ddpjob_operator.views import facts, listing
+from ddpjob_operator.views import report as report_view
 from ddpjob_operator.views.kubectl import Kubectl, ViewError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -86,6 +88,29 @@ def list_jobs(namespace: Namespace = None,
         return listing.render(kube.jobs(all_namespaces), _now(), namespaces=all_namespaces), False
 
     _show(render, watch, interval)
+
+
+@app.command()
+def report(name: Annotated[str, typer.Argument(help="The DDPJob's name.")],
+           output: Annotated[Path, typer.Option("--output", "-o", help="The PNG to write.")] = Path("job.png"),
+           namespace: Namespace = None, context: Context = None, kubeconfig: Kubeconfig = None) -> None:
+    """A picture of the job: global step over time, each incident shaded from its start to its recovery,
+    the last checkpoint marked, the goodput in the title (from the job's status and Events). Needs matplotlib."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        typer.echo("ddpjob: report draws with matplotlib, which is not installed: pip install 'ddpjob[report]'",
+                   err=True)
+        raise typer.Exit(1) from None
+    kube = Kubectl(namespace=namespace, context=context, kubeconfig=kubeconfig)
+    try:
+        job = kube.job(name)
+        tl = report_view.timeline(job, kube.events(job), _now())
+    except ViewError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(1) from None
+    report_view.draw(tl, output)
+    typer.echo(f"{output}: {tl.title}")
 
 
 def main() -> None:
