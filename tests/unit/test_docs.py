@@ -19,8 +19,9 @@ CODE_SPAN = re.compile(r"`([^`\n]+)`")
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.M | re.S)
 #: `make a b` (targets start with a letter; ``VAR=value`` and flags end the list).
 MAKE = re.compile(r"(?:^|[\s;&(])make((?:\s+[A-Za-z][A-Za-z0-9_-]*(?![=\w-]))+)")
-#: A command line that runs the CLI (`ddpjob run job.yaml`, `.venv/bin/ddpjob operator`), not prose in code.
-DDPJOB = re.compile(r"(?:^|&&|;|\|)\s*(?:\$ )?(?:\S*/)?ddpjob ([a-z][a-z-]*)")
+#: A command line that runs the CLI (`ddpjob run job.yaml`, `.venv/bin/ddpjob operator`, the kubectl plugin's
+#: `kubectl ddpjob describe JOB`), not prose in code.
+DDPJOB = re.compile(r"(?:^|&&|;|\|)\s*(?:\$ )?(?:kubectl )?(?:\S*/)?ddpjob ([a-z][a-z-]*)")
 #: Repository paths as the docs write them: a top-level folder of ours, then a path (globs and placeholders are
 #: not paths).
 PATH = re.compile(r"^(?:\./)?((?:docs|bench|hack|tests|manifests|charts|operator|worker)/[\w./-]+?)/?(?:::\S+)?$")
