@@ -19,13 +19,18 @@ from tests.integration.operator_support import Jobs, OperatorProcess, small_job
 NAME = "views"
 
 
+def plugin_env(cluster: Cluster) -> dict[str, str]:
+    """The user's environment: this venv's bin (where pip put kubectl-ddpjob) first on the PATH, the cluster's
+    kubeconfig."""
+    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+            "KUBECONFIG": str(cluster.kubeconfig)}
+
+
 def kubectl_ddpjob(cluster: Cluster, *args: str, check: bool = True, timeout: float = 30
                    ) -> subprocess.CompletedProcess[str]:
-    """`kubectl ddpjob ARGS` with this venv's bin (where pip put kubectl-ddpjob) first on the PATH."""
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "KUBECONFIG": str(cluster.kubeconfig)}
-    proc = subprocess.run(["kubectl", "ddpjob", *args], capture_output=True, text=True, env=env, timeout=timeout,
-                          check=False)
+    """`kubectl ddpjob ARGS`, found by kubectl's plugin lookup."""
+    proc = subprocess.run(["kubectl", "ddpjob", *args], capture_output=True, text=True, env=plugin_env(cluster),
+                          timeout=timeout, check=False)
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
@@ -137,10 +142,9 @@ def test_watch_redraws_on_change_and_ends_when_the_job_finishes(cluster: Cluster
                                                               operator: OperatorProcess, jobs: Jobs) -> None:
     jobs.apply(small_job(NAME, 1))
     jobs.running(NAME, 1)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-           "KUBECONFIG": str(cluster.kubeconfig)}
     watch = subprocess.Popen(["kubectl", "ddpjob", "describe", NAME, "-n", namespace, "--watch", "--interval",
-                              "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                              "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=plugin_env(cluster))
     try:
         time.sleep(3)
         report(cluster, namespace, 7)

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from ddpjob_operator import observed
+
 Obj = Mapping[str, Any]
 
 #: States in which a job no longer trains: its clock stops at completionTime.
@@ -16,14 +18,14 @@ FINISHED = ("Succeeded", "Failed")
 
 
 def parse_time(value: object) -> datetime | None:
-    """An RFC 3339 time from the status (seconds or milliseconds, 'Z' or an offset), None if absent or garbled."""
-    if not isinstance(value, str) or not value:
+    """observed.parse_time for whatever a status holds (workers write some of it): None if absent or garbled."""
+    if not isinstance(value, str):
         return None
     try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        parsed = observed.parse_time(value)
     except ValueError:
         return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return parsed if parsed is None or parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def duration(seconds: float | None) -> str:
