@@ -9,14 +9,16 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from ddpjob_operator import status as st
 from ddpjob_operator.observed import parse_time
+from ddpjob_operator.spec import RunPolicy
 
 #: A job's incident budget is nearly spent once this share of spec.runPolicy.backoffLimit is used.
 BUDGET_WARN_SHARE = 0.8
-#: The operator's default backoffLimit (spec.py), for a body that does not spell it out.
-DEFAULT_BACKOFF_LIMIT = 6
+#: The default backoffLimit, for a body that does not spell it out.
+DEFAULT_BACKOFF_LIMIT: int = RunPolicy.model_fields["backoff_limit"].default
 #: States in which a job trains (or should): only these can be stalled or overdue for a checkpoint.
-ACTIVE = ("Running", "Restarting")
+ACTIVE = (st.RUNNING, st.RESTARTING)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,7 +48,7 @@ def collect(bodies: Iterable[Mapping[str, Any]], now: datetime) -> JobStats:
     for body in bodies:
         status = body.get("status") or {}
         state = status.get("state")
-        if state in ("Succeeded", "Failed"):
+        if state in (st.SUCCEEDED, st.FAILED):
             continue
         limit, count = _backoff_limit(body), status.get("incidentCount") or 0
         if limit > 0 and count >= BUDGET_WARN_SHARE * limit:

@@ -144,9 +144,10 @@ def _image_values() -> list[str]:
     """`--set` flags for images other than the chart's defaults (DDPJOB_E2E_*_IMAGE); none for the defaults, so
     the install is docs/packaging.md's `helm install` as written."""
     out = []
-    for key, image in (("image", OPERATOR_IMAGE), ("runtimeImage", RUNTIME_IMAGE)):
+    for key, image, default in (("image", OPERATOR_IMAGE, f"ddpjob-operator:{APP_VERSION}"),
+                                ("runtimeImage", RUNTIME_IMAGE, f"ddpjob-runtime:{APP_VERSION}")):
         repo, _, tag = image.rpartition(":")
-        if (repo, tag) != (f"ddpjob-{'operator' if key == 'image' else 'runtime'}", APP_VERSION):
+        if image != default:
             out += ["--set", f"{key}.repository={repo}", "--set", f"{key}.tag={tag}"]
     return out
 

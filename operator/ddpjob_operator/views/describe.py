@@ -7,13 +7,13 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from ddpjob_operator.policies import recovery
 from ddpjob_operator.views import facts
 
 Obj = Mapping[str, Any]
 
-#: The recovery phases in the order they happen (policies/recovery.py PHASES, plus the survivors' detection).
-PHASE_ORDER = ("detection", "replacementCreated", "scheduled", "containerStarted", "rendezvous", "checkpointLoaded",
-               "firstStep")
+#: The recovery phases in the order a recovery goes through them.
+PHASE_ORDER = recovery.PHASES
 #: Conditions shown, in this order (the others follow).
 CONDITION_ORDER = ("Created", "Queued", "Running", "Stalled", "Succeeded", "Failed", "Suspended")
 

@@ -10,11 +10,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ddpjob_operator import observed
+from ddpjob_operator import status as st
 
 Obj = Mapping[str, Any]
 
 #: States in which a job no longer trains: its clock stops at completionTime.
-FINISHED = ("Succeeded", "Failed")
+FINISHED = (st.SUCCEEDED, st.FAILED)
 
 
 def parse_time(value: object) -> datetime | None:
@@ -78,13 +79,18 @@ def incident_cost(incident: Obj, now: datetime) -> float:
     return max(0.0, ((end or now) - start).total_seconds())
 
 
+def end_of(status: Obj, now: datetime) -> datetime:
+    """Where a job's clock stops: its completionTime once it finished, else now."""
+    end = parse_time(status.get("completionTime")) if status.get("state") in FINISHED else None
+    return end or now
+
+
 def goodput(status: Obj, now: datetime) -> Goodput | None:
     """None before the job started."""
     start = parse_time(status.get("startTime"))
     if start is None:
         return None
-    end = parse_time(status.get("completionTime")) if status.get("state") in FINISHED else None
-    stop = end or now
+    stop = end_of(status, now)
     elapsed = max(0.0, (stop - start).total_seconds())
     lost = sum(incident_cost(i, stop) for i in status.get("incidents") or [])
     return Goodput(elapsed=elapsed, lost=min(lost, elapsed))

@@ -63,7 +63,7 @@ def _spans(status: Obj, end: datetime) -> list[Span]:
 
 def timeline(job: Obj, events: Sequence[Obj], now: datetime) -> Timeline:
     meta, status = job.get("metadata") or {}, job.get("status") or {}
-    end = (facts.parse_time(status.get("completionTime")) if status.get("state") in facts.FINISHED else None) or now
+    end = facts.end_of(status, now)
     points: list[tuple[datetime, int]] = []
     if (started := facts.parse_time(status.get("startTime"))) is not None:
         points.append((started, 0))
