@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -77,6 +78,20 @@ class Cluster:
         )
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}")
+        return proc
+
+    def plugin_env(self) -> dict[str, str]:
+        """A user's environment for kubectl plugins: this interpreter's bin (where pip put kubectl-ddpjob) first
+        on the PATH, this cluster's kubeconfig."""
+        return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+                "KUBECONFIG": str(self.kubeconfig)}
+
+    def ddpjob(self, *args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """`kubectl ddpjob ARGS` as a user runs it: kubectl finds the plugin on the PATH."""
+        proc = subprocess.run(["kubectl", "ddpjob", *args], capture_output=True, text=True, env=self.plugin_env(),
+                              timeout=timeout, check=False)
+        if check:
+            assert proc.returncode == 0, f"kubectl ddpjob {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}"
         return proc
 
     def api(self) -> Any:

@@ -161,6 +161,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """test_up_down_leaves_nothing first, whatever the file names: it needs the machine's real-node slot, which
     the session cluster holds from the first test that uses it until the end. Tests marked ``exclusive`` last:
     they wait for the background runs to end and must come after every foreground fault (test_spares.py counts
-    recoveries in the operator's /metrics, which every other job's recovery would add to)."""
+    recoveries in the operator's /metrics, which every other job's recovery would add to). Tests marked
+    ``uninstalls`` after those: they remove the session's operator and CRD (tests/e2e/test_install.py)."""
     items.sort(key=lambda item: (item.name != "test_up_down_leaves_nothing",
+                                 item.get_closest_marker("uninstalls") is not None,
                                  item.get_closest_marker("exclusive") is not None))

@@ -5,9 +5,7 @@ no trainers, so the test writes status.progress as rank 0's reporter does (a mer
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,23 +15,6 @@ from tests.conftest import Cluster, wait_for
 from tests.integration.operator_support import Jobs, OperatorProcess, small_job
 
 NAME = "views"
-
-
-def plugin_env(cluster: Cluster) -> dict[str, str]:
-    """The user's environment: this venv's bin (where pip put kubectl-ddpjob) first on the PATH, the cluster's
-    kubeconfig."""
-    return {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
-            "KUBECONFIG": str(cluster.kubeconfig)}
-
-
-def kubectl_ddpjob(cluster: Cluster, *args: str, check: bool = True, timeout: float = 30
-                   ) -> subprocess.CompletedProcess[str]:
-    """`kubectl ddpjob ARGS`, found by kubectl's plugin lookup."""
-    proc = subprocess.run(["kubectl", "ddpjob", *args], capture_output=True, text=True, env=plugin_env(cluster),
-                          timeout=timeout, check=False)
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
 
 
 def _ms(at: datetime) -> str:
@@ -78,22 +59,22 @@ def test_describe_and_list_through_faults(cluster: Cluster, namespace: str, oper
     jobs.wait_condition(NAME, "Running")
     report(cluster, namespace, 40, group_started=datetime.now(UTC) - timedelta(seconds=20), checkpoint=30)
 
-    listed = kubectl_ddpjob(cluster, "list", "-n", namespace).stdout.splitlines()
+    listed = cluster.ddpjob("list", "-n", namespace).stdout.splitlines()
     assert listed[0].split()[:5] == ["NAME", "STATE", "READY", "PROGRESS", "INCIDENTS"], listed
     assert listed[1].split()[:7] == [NAME, "Running", "2/2", "40/100", "(40%)", "0", "0.0s"], listed
-    text = kubectl_ddpjob(cluster, "describe", NAME, "-n", namespace).stdout
+    text = cluster.ddpjob("describe", NAME, "-n", namespace).stdout
     assert "Progress:    [########------------]   40%  step 40/100  epoch 0  2.00 steps/s  ETA 30s" in text, text
     assert "Checkpoint:  step 30, " in text and "Incidents:   0 of backoffLimit 5" in text, text
 
     jobs.fail(f"{NAME}-worker-1", 137)  # killed: retried (exit code 1 is a permanent failure by default)
-    wait_for(lambda: "  OOMKilled  Recovering  pods: views-worker-1" in kubectl_ddpjob(
-        cluster, "describe", NAME, "-n", namespace).stdout, timeout=30, describe="describe shows incident 1 recovering",
+    wait_for(lambda: "  OOMKilled  Recovering  pods: views-worker-1" in cluster.ddpjob(
+        "describe", NAME, "-n", namespace).stdout, timeout=30, describe="describe shows incident 1 recovering",
         state=lambda: jobs.describe(NAME))
     recover(cluster, jobs, namespace, 1, 45)
     cluster.kubectl("delete", "pod", f"{NAME}-worker-0", "-n", namespace, "--wait=false")
     recover(cluster, jobs, namespace, 2, 52)
 
-    text = kubectl_ddpjob(cluster, "describe", NAME, "-n", namespace).stdout
+    text = cluster.ddpjob("describe", NAME, "-n", namespace).stdout
     (tmp_path / "describe.txt").write_text(text)
     lines = text.splitlines()
     heads = [line for line in lines if line.startswith("  #")]
@@ -109,16 +90,16 @@ def test_describe_and_list_through_faults(cluster: Cluster, namespace: str, oper
     assert "Workers:     2/2 ready, 2 pod(s) replaced" in lines, text
     assert "Incidents:   2 of backoffLimit 5" in lines, text
 
-    row = kubectl_ddpjob(cluster, "list", "-n", namespace).stdout.splitlines()[1].split()
+    row = cluster.ddpjob("list", "-n", namespace).stdout.splitlines()[1].split()
     assert row[:6] == [NAME, "Running", "2/2", "52/100", "(52%)", "2"], row
     lost, goodput = row[6], row[7]
     assert lost != "0.0s" and float(goodput.rstrip("%")) < 100, row
-    everywhere = kubectl_ddpjob(cluster, "list", "-A").stdout
+    everywhere = cluster.ddpjob("list", "-A").stdout
     assert any(line.split()[:2] == [namespace, NAME] for line in everywhere.splitlines()), everywhere
     check_metrics(operator.metrics())
 
     picture = tmp_path / "views.png"
-    said = kubectl_ddpjob(cluster, "report", NAME, "-n", namespace, "-o", str(picture)).stdout
+    said = cluster.ddpjob("report", NAME, "-n", namespace, "-o", str(picture)).stdout
     assert said.startswith(f"{picture}: {namespace}/{NAME}: Running, 2 incident(s), goodput "), said
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
 
@@ -144,7 +125,7 @@ def test_watch_redraws_on_change_and_ends_when_the_job_finishes(cluster: Cluster
     jobs.running(NAME, 1)
     watch = subprocess.Popen(["kubectl", "ddpjob", "describe", NAME, "-n", namespace, "--watch", "--interval",
                               "0.3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=plugin_env(cluster))
+                             env=cluster.plugin_env())
     try:
         time.sleep(3)
         report(cluster, namespace, 7)
@@ -160,7 +141,7 @@ def test_watch_redraws_on_change_and_ends_when_the_job_finishes(cluster: Cluster
 
 
 def test_one_clear_line_for_a_job_that_does_not_exist(cluster: Cluster, namespace: str, ddpjob_crd: str) -> None:
-    proc = kubectl_ddpjob(cluster, "describe", "nope", "-n", namespace, check=False)
+    proc = cluster.ddpjob("describe", "nope", "-n", namespace, check=False)
     assert proc.returncode == 1 and proc.stdout == "", proc
     assert proc.stderr == f"ddpjob: no DDPJob 'nope' in namespace {namespace} (kubectl get ddpjobs -A lists them " \
                           "all)\n", proc.stderr
