@@ -231,6 +231,7 @@ class Controller:
             return  # garbage collection removes the children
         t0 = time.monotonic()
         metrics.RECONCILES.inc()
+        metrics.observe_checkpoints((body.get("status") or {}).get("progress") or {}, mem.checkpoints_seen)
         now = datetime.now(UTC)
         pods = mem.observed_pods(self.cache.pods(key), t0)
         observed = planner.Observed(

@@ -58,6 +58,8 @@ class JobMemory:
     """When a pass first held back a routine status change that is not written yet (status_writes)."""
     last_valid_spec: dict[str, Any] | None = None
     """The job's last spec that parsed (a running job goes on with it after an invalid edit)."""
+    checkpoints_seen: dict[str, object] = dataclasses.field(default_factory=dict)
+    """The checkpoint write and load already in the metrics (metrics.observe_checkpoints)."""
 
     def take(self, body: dict[str, Any], resource_version: str, events: int) -> None:
         """``body`` is the newest version now."""

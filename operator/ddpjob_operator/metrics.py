@@ -65,6 +65,16 @@ API_LATENCY = Histogram(
     "ddpjob_api_request_duration_seconds", "Seconds one API request took (after the client-side rate limit), by "
     "verb and resource", ["verb", "resource"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+#: Checkpoint writes and loads: a small model's take milliseconds, a large one's on a slow volume minutes.
+_CHECKPOINT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+CHECKPOINT_SAVE = Histogram(
+    "ddpjob_checkpoint_save_seconds", "Seconds a job's rank 0 took to write a checkpoint, as its progress reports "
+    "say (status.progress.lastCheckpoint.seconds: each checkpoint a report names, once)", buckets=_CHECKPOINT_BUCKETS,
+)
+CHECKPOINT_LOAD = Histogram(
+    "ddpjob_checkpoint_load_seconds", "Seconds a job's rank 0 took to load its checkpoint when its process group "
+    "started, a peer's transfer included (status.progress.start.checkpointLoadSeconds)", buckets=_CHECKPOINT_BUCKETS,
+)
 STATES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
 
 
@@ -109,6 +119,24 @@ def observe_recovery(incident: dict[str, object]) -> None:
     for phase, seconds in phases.items():
         if phase in PHASES and isinstance(seconds, int | float):
             RECOVERY_PHASE.labels(phase=phase).observe(float(seconds))
+
+
+def observe_checkpoints(progress: Mapping[str, Any], seen: dict[str, object]) -> None:
+    """The checkpoint write and load a job's progress names into the histograms, each once: ``seen`` (the job's
+    memory) keeps which were observed. A load is known by its time: a new group's start keeps the previous
+    group's figures until its own load is reported."""
+    ckpt = progress.get("lastCheckpoint")
+    ckpt = ckpt if isinstance(ckpt, Mapping) else {}
+    save = (ckpt.get("step"), ckpt.get("time"))
+    if isinstance(ckpt.get("seconds"), int | float) and seen.get("save") != save:
+        seen["save"] = save
+        CHECKPOINT_SAVE.observe(float(ckpt["seconds"]))
+    start = progress.get("start")
+    start = start if isinstance(start, Mapping) else {}
+    loaded = start.get("checkpointLoadedTime")
+    if isinstance(start.get("checkpointLoadSeconds"), int | float) and loaded and seen.get("load") != loaded:
+        seen["load"] = loaded
+        CHECKPOINT_LOAD.observe(float(start["checkpointLoadSeconds"]))
 
 
 def serve(port: int) -> None:

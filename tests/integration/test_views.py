@@ -29,10 +29,11 @@ def report(cluster: Cluster, ns: str, step: int, *, group_started: datetime | No
     progress: dict[str, Any] = {"globalStep": step, "totalSteps": 100, "epoch": 0, "stepRate": 2.0,
                                 "source": "Reporter", "lastStepTime": _ms(now), "updateTime": _ms(now)}
     if checkpoint is not None:
-        progress["lastCheckpoint"] = {"step": checkpoint, "time": _ms(now)}
+        progress["lastCheckpoint"] = {"step": checkpoint, "time": _ms(now), "seconds": 0.75}
     if group_started is not None:
         progress["start"] = {"rendezvousTime": _ms(group_started),
                              "checkpointLoadedTime": _ms(group_started + timedelta(milliseconds=300)),
+                             "checkpointLoadSeconds": 0.25,
                              "firstStepTime": _ms(group_started + timedelta(milliseconds=500))}
     cluster.kubectl("patch", "ddpjob", NAME, "-n", ns, "--subresource=status", "--type=merge",
                     "-p", json.dumps({"status": {"progress": progress}}))
@@ -117,6 +118,11 @@ def check_metrics(scrape: str) -> None:
                  "ddpjob_jobs_recovering", "ddpjob_checkpoint_age_max_seconds",
                  'ddpjob_incidents_total{cause="PodDeleted"}'):
         assert name in scrape, (name, scrape)
+    # The writes and loads the job's progress named went through the CRD's schema (not pruned) into the
+    # histograms: three checkpoints (30, 40, 50), three group starts, once each.
+    counts = {line.split()[0]: float(line.split()[1]) for line in scrape.splitlines()
+              if line.startswith(("ddpjob_checkpoint_save_seconds_count", "ddpjob_checkpoint_load_seconds_count"))}
+    assert counts == {"ddpjob_checkpoint_save_seconds_count": 3.0, "ddpjob_checkpoint_load_seconds_count": 3.0}, counts
 
 
 def test_watch_redraws_on_change_and_ends_when_the_job_finishes(cluster: Cluster, namespace: str,

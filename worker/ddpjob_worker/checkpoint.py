@@ -160,6 +160,9 @@ class Checkpointer:
         self._previous_handler: Any = None
         self.last_saved_step: int | None = None
         self.last_saved_time: float | None = None
+        #: Seconds the last write (on this rank, its writer) and the last resume's load took: progress reports.
+        self.last_save_seconds: float | None = None
+        self.last_load_seconds: float | None = None
         if config.handle_sigterm and threading.current_thread() is threading.main_thread():
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
 
@@ -267,7 +270,7 @@ class Checkpointer:
         manifest = self.storage.write(step, payload, meta, before_commit=functools.partial(
             fencing.ensure_current, self.storage, incarnation))
         seconds = time.monotonic() - started
-        self.last_saved_step, self.last_saved_time = step, time.time()
+        self.last_saved_step, self.last_saved_time, self.last_save_seconds = step, time.time(), seconds
         removed = self._purge(protect=step)
         log.info("checkpoint step-%d saved: %.1f MB in %.2fs (%.0f MB/s), sha256 %s...%s", step,
                  manifest.size / 1e6, seconds, manifest.size / 1e6 / max(seconds, 1e-9), manifest.sha256[:12],
@@ -321,6 +324,7 @@ class Checkpointer:
     def resume(self) -> TrainState:
         """Restore the newest valid checkpoint any volume holds into the model and friends (a fresh TrainState
         if none); ranks whose volume lacks it receive it from a peer, and their writer stores a copy."""
+        started = time.monotonic()
         # A record on any volume fences checkpoints on all of them.
         view = fencing.gather(self._own_volume(), self._objects)
         local = self.load_latest_valid(view.fences) if self.is_writer else None
@@ -338,6 +342,7 @@ class Checkpointer:
             return TrainState()
         data, origin = self._obtain(plan, local)
         self._restore(plan.step, data)
+        self.last_load_seconds = time.monotonic() - started
         state = TrainState(**data["train"])
         # "(origin)" right after the step: tests and users grep for "(local copy)" / "(received from rank N)".
         log.info("resumed from checkpoint step-%d (%s): epoch %d, step %d of the epoch; incarnation %d", plan.step,

@@ -188,14 +188,18 @@ class ProgressReporter:
             self._api = InClusterApi.from_environ(os.environ)
         return self._api
 
-    def resumed(self, at: float | None = None) -> None:
-        """Call right after ``Checkpointer.resume()`` returns: the checkpoint-loaded phase of the recovery clock."""
+    def resumed(self, at: float | None = None, *, seconds: float | None = None) -> None:
+        """Call right after ``Checkpointer.resume()`` returns: the checkpoint-loaded phase of the recovery clock;
+        ``seconds``, how long the load took (``Checkpointer.last_load_seconds``; None: nothing was loaded)."""
         self.start["checkpointLoadedTime"] = rfc3339_ms(time.time() if at is None else at)
+        if seconds is not None:
+            self.start["checkpointLoadSeconds"] = round(float(seconds), 3)
 
     def report(self, *, epoch: int, step: int, global_step: int, loss: float | None = None,
                checkpoint_step: int | None = None, checkpoint_time: float | None = None,
-               force: bool = False) -> None:
-        """Record progress; sent at most once per interval unless ``force`` (e.g. right after a checkpoint)."""
+               checkpoint_seconds: float | None = None, force: bool = False) -> None:
+        """Record progress; sent at most once per interval unless ``force`` (e.g. right after a checkpoint).
+        ``checkpoint_seconds``: how long that checkpoint's write took (``Checkpointer.last_save_seconds``)."""
         if not self.enabled:
             return
         progress: dict[str, Any] = {"epoch": epoch, "step": step, "globalStep": global_step,
@@ -206,6 +210,8 @@ class ProgressReporter:
             progress["loss"] = round(float(loss), 6)
         if checkpoint_step is not None:
             progress["lastCheckpoint"] = {"step": checkpoint_step, "time": rfc3339(checkpoint_time)}
+            if checkpoint_seconds is not None:
+                progress["lastCheckpoint"]["seconds"] = round(float(checkpoint_seconds), 3)
         self._record(progress, time.time(), force)
 
     def report_steps(self, steps: int, last_step: float, first_step: float) -> None:

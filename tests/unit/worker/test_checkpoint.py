@@ -36,11 +36,13 @@ def test_save_and_resume_restore_model_optimizer_scheduler_rng_exactly(tmp_path:
     ckpt, model, opt = make(tmp_path)
     train(model, opt)
     ckpt.save(TrainState(epoch=1, step_in_epoch=3, global_step=7, extra={"best": 0.5}))
+    assert ckpt.last_saved_step == 7 and ckpt.last_save_seconds is not None and ckpt.last_save_seconds > 0
     expected_params = [p.clone() for p in model.parameters()]
     expected_rng = (random.random(), float(np.random.rand()), torch.rand(1))
 
     ckpt2, model2, opt2 = make(tmp_path)
     state = ckpt2.resume()
+    assert ckpt2.last_load_seconds is not None and ckpt2.last_load_seconds > 0  # what progress reports
     assert (state.epoch, state.step_in_epoch, state.global_step, state.extra) == (1, 3, 7, {"best": 0.5})
     assert all(torch.equal(a, b) for a, b in zip(expected_params, model2.parameters(), strict=True))
     assert opt2.state_dict()["state"][0]["step"] == 1  # AdamW moments came back
@@ -51,6 +53,7 @@ def test_save_and_resume_restore_model_optimizer_scheduler_rng_exactly(tmp_path:
 def test_fresh_start_without_checkpoints(tmp_path: Path) -> None:
     ckpt, _, _ = make(tmp_path / "empty")
     assert ckpt.resume() == TrainState()
+    assert ckpt.last_load_seconds is None  # nothing loaded: no load figure
 
 
 def test_flipped_byte_is_detected_logged_and_the_previous_checkpoint_used(

@@ -94,3 +94,17 @@ def test_a_known_total_goes_out_with_every_report() -> None:
     unknown.report(epoch=0, step=1, global_step=1)
     assert unknown.drain(5)
     assert len(quiet.calls) == 1 and "totalSteps" not in quiet.calls[0][-1]["status"]["progress"]
+
+
+def test_a_checkpoints_write_and_load_seconds_go_out_with_it() -> None:
+    api = FakeApi()
+    reporter = ProgressReporter(environ=ENV, api=api, interval_seconds=0)
+    reporter.resumed(at=0, seconds=1.23456)
+    reporter.report(epoch=0, step=5, global_step=5, checkpoint_step=5, checkpoint_time=0, checkpoint_seconds=0.0423)
+    assert reporter.drain(5)
+    progress = api.calls[-1][-1]["status"]["progress"]
+    assert progress["lastCheckpoint"] == {"step": 5, "time": "1970-01-01T00:00:00Z", "seconds": 0.042}
+    assert progress["start"]["checkpointLoadSeconds"] == 1.235
+    fresh = ProgressReporter(environ=ENV, api=FakeApi(), interval_seconds=0)
+    fresh.resumed(at=0)  # nothing was loaded (a first start): no load figure
+    assert "checkpointLoadSeconds" not in fresh.start

@@ -203,7 +203,7 @@ def train(args: argparse.Namespace) -> None:
     run = Run(args, device, model, optimizer, scheduler, scaler, ckpt, reporter, sampler, loader, plan,
               steps_per_epoch, record)
     state = ckpt.resume()
-    run.reporter.resumed()
+    run.reporter.resumed(seconds=ckpt.last_load_seconds)
     log.info("training: world %d, %d steps/epoch of %d samples (%d per rank: %d x %d), epochs %d..%d, device %s",
              world, steps_per_epoch, plan.global_batch, plan.per_rank, plan.accumulation, plan.micro_batch,
              state.epoch, args.epochs - 1, device)
@@ -215,7 +215,8 @@ def train(args: argparse.Namespace) -> None:
             ckpt.exit_preempted(state)
         ckpt.save(state)
         run.reporter.report(epoch=state.epoch, step=0, global_step=state.global_step, loss=loss_value,
-                            checkpoint_step=ckpt.last_saved_step, checkpoint_time=ckpt.last_saved_time, force=True)
+                            checkpoint_step=ckpt.last_saved_step, checkpoint_time=ckpt.last_saved_time,
+                            checkpoint_seconds=ckpt.last_save_seconds, force=True)
     ckpt.close()
     finish(run, rank, dataset, state.global_step, loss_value)
 
@@ -252,6 +253,7 @@ def run_epoch(run: Run, state: TrainState, epoch: int, loss_value: float) -> flo
             run.reporter.report(epoch=epoch, step=state.step_in_epoch, global_step=state.global_step,
                                 loss=loss_value, checkpoint_step=run.ckpt.last_saved_step,
                                 checkpoint_time=run.ckpt.last_saved_time,
+                                checkpoint_seconds=run.ckpt.last_save_seconds,
                                 force=run.ckpt.last_saved_step != saved_before)
         hang_if_asked(args, state.global_step, run.device)
         pause_if_asked(args, state.global_step)
