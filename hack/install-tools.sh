@@ -91,6 +91,9 @@ tools=(
   # Built without service discovery (build_tags: its cloud SDKs), which rule and metric checks never use: 94 s cold
   # instead of 247 s on 2 cores.
   "promtool|$PROMETHEUS_VERSION|github.com/prometheus/prometheus|github.com/prometheus/prometheus/cmd/promtool|plain"
+  # The server, for `kubectl ddpjob report --prometheus` against a real scrape (static targets only, no web UI
+  # assets: the API alone).
+  "prometheus|$PROMETHEUS_VERSION|github.com/prometheus/prometheus|github.com/prometheus/prometheus/cmd/prometheus|plain"
 )
 if [ "$want_node" = 1 ]; then
   tools+=(
@@ -140,7 +143,7 @@ replaces_of() {
 # cache they are minutes of waiting on the network per tool, which now pass while the first tool compiles.
 # A build starts only once its own module is downloaded (a marker), so the two never write one go.mod at once.
 # build_tags PKG: Go build tags for a tool (Prometheus' remove_all_sd drops every service-discovery plugin).
-build_tags() { [ "$1" = github.com/prometheus/prometheus/cmd/promtool ] && echo remove_all_sd || true; }
+build_tags() { case "$1" in github.com/prometheus/prometheus/cmd/*) echo remove_all_sd ;; esac; }
 
 prefetch=()
 for entry in "${tools[@]}"; do

@@ -1,6 +1,8 @@
 """Figures over all known DDPJobs for the operator's /metrics, computed at scrape time from the bodies the
-controller keeps: counts and maxima only (a series per job would grow without bound). The chart's alert rules
-(charts/ddpjob-operator/templates/prometheusrule.yaml) read them. Pure: bodies and clock in, figures out."""
+controller keeps: counts and maxima, which the chart's alert rules
+(charts/ddpjob-operator/templates/prometheusrule.yaml) read, and one series per existing job, its global step
+(`kubectl ddpjob report --prometheus` draws its history): it lives as long as the job does, like
+kube-state-metrics' per-object series. Pure: bodies and clock in, figures out."""
 
 from __future__ import annotations
 
@@ -62,3 +64,14 @@ def collect(bodies: Iterable[Mapping[str, Any]], now: datetime) -> JobStats:
         if saved is not None:
             oldest = max(oldest, (now - saved).total_seconds())
     return JobStats(budget_nearly_spent=near, stalled=stalled, recovering=recovering, max_checkpoint_age=oldest)
+
+
+def global_steps(bodies: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, int]]:
+    """(namespace, name, global step) of every job whose progress reports one: finished jobs too, so the last
+    step stays in the history until the job is deleted."""
+    out = []
+    for body in bodies:
+        meta, step = body.get("metadata") or {}, ((body.get("status") or {}).get("progress") or {}).get("globalStep")
+        if isinstance(step, int) and not isinstance(step, bool) and meta.get("name"):
+            out.append((str(meta.get("namespace") or ""), str(meta["name"]), step))
+    return out

@@ -1,5 +1,6 @@
 """Prometheus metrics of the operator (prometheus-client). Labels carry only small fixed sets of values
-(states, pod types, outcomes), never object names: a metric series per job would grow without bound."""
+(states, pod types, outcomes), never pod names; the one exception is ddpjob_job_global_step, a series per existing
+DDPJob (it goes with the job), which `kubectl ddpjob report --prometheus` draws."""
 
 from __future__ import annotations
 
@@ -153,7 +154,8 @@ class JobStatsCollector(Collector):
         self.source: Callable[[], list[Mapping[str, Any]]] = list
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        stats = jobstats.collect(self.source(), datetime.now(UTC))
+        bodies = self.source()
+        stats = jobstats.collect(bodies, datetime.now(UTC))
         yield GaugeMetricFamily("ddpjob_jobs_incident_budget_nearly_spent", "Unfinished DDPJobs whose incidents "
                                 f"reached {jobstats.BUDGET_WARN_SHARE:.0%} of spec.runPolicy.backoffLimit",
                                 value=stats.budget_nearly_spent)
@@ -164,6 +166,11 @@ class JobStatsCollector(Collector):
         yield GaugeMetricFamily("ddpjob_checkpoint_age_max_seconds", "Seconds since the last checkpoint of the "
                                 "running DDPJob that saved one longest ago (0: none reported)",
                                 value=stats.max_checkpoint_age)
+        steps = GaugeMetricFamily("ddpjob_job_global_step", "The global step a DDPJob's progress last reported (one "
+                                  "series per existing job)", labels=["ddpjob_namespace", "ddpjob_name"])
+        for namespace, name, step in jobstats.global_steps(bodies):
+            steps.add_metric([namespace, name], step)
+        yield steps
 
 
 JOB_STATS = JobStatsCollector()

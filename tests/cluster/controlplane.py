@@ -50,6 +50,7 @@ def tool(name: str) -> Path:
         "scheduler-plugins": v["SCHEDULER_PLUGINS_VERSION"],
         "kueue": v["KUEUE_VERSION"],
         "promtool": v["PROMETHEUS_VERSION"],
+        "prometheus": v["PROMETHEUS_VERSION"],
     }.get(name, v["KUBERNETES_VERSION"])
     cache = Path(os.environ.get("DDPJOB_CACHE", Path.home() / ".cache" / "ddpjob"))
     path = cache / "bin" / f"{name}-{version}" / name

@@ -7,14 +7,43 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.request
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.conftest import Cluster, wait_for
 from tests.integration.operator_support import Jobs, OperatorProcess, small_job
 
 NAME = "views"
+
+
+@pytest.fixture
+def prometheus(operator: OperatorProcess, tmp_path: Path) -> Iterator[str]:
+    """A real Prometheus (built from its Go module, like promtool) scraping the operator every second; its URL."""
+    from tests.cluster.controlplane import free_port, tool
+
+    config = tmp_path / "prometheus.yml"
+    config.write_text(json.dumps({"global": {"scrape_interval": "1s"}, "scrape_configs": [{
+        "job_name": "ddpjob-operator", "static_configs": [{"targets": [f"127.0.0.1:{operator.metrics_port}"]}]}]}))
+    url = f"http://127.0.0.1:{free_port()}"
+    log = (tmp_path / "prometheus.log").open("wb")
+    proc = subprocess.Popen([str(tool("prometheus")), f"--config.file={config}", f"--storage.tsdb.path={tmp_path}/tsdb",
+                             f"--web.listen-address={url.removeprefix('http://')}"], stdout=log, stderr=log)
+    try:
+        # Its first scrape comes a few seconds after it is ready (target discovery runs every 5 s).
+        scraped = f"{url}/api/v1/query?query=up%3D%3D1"
+        wait_for(lambda: json.loads(urllib.request.urlopen(scraped, timeout=2).read())["data"]["result"], timeout=60,
+                 describe="Prometheus scraping the operator",
+                 state=lambda: (tmp_path / "prometheus.log").read_text()[-2000:])
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
 
 
 def _ms(at: datetime) -> str:
@@ -54,7 +83,7 @@ def recover(cluster: Cluster, jobs: Jobs, ns: str, incident: int, step: int) -> 
 
 
 def test_describe_and_list_through_faults(cluster: Cluster, namespace: str, operator: OperatorProcess,
-                                          jobs: Jobs, tmp_path: Path) -> None:
+                                          jobs: Jobs, tmp_path: Path, prometheus: str) -> None:
     jobs.apply(small_job(NAME, 2, runPolicy={"backoffLimit": 5}))
     jobs.running(NAME, 2)
     jobs.wait_condition(NAME, "Running")
@@ -97,15 +126,35 @@ def test_describe_and_list_through_faults(cluster: Cluster, namespace: str, oper
     assert lost != "0.0s" and float(goodput.rstrip("%")) < 100, row
     everywhere = cluster.ddpjob("list", "-A").stdout
     assert any(line.split()[:2] == [namespace, NAME] for line in everywhere.splitlines()), everywhere
-    check_metrics(operator.metrics())
-
+    check_metrics(operator.metrics(), namespace)
     picture = tmp_path / "views.png"
     said = cluster.ddpjob("report", NAME, "-n", namespace, "-o", str(picture)).stdout
     assert said.startswith(f"{picture}: {namespace}/{NAME}: Running, 2 incident(s), goodput "), said
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
+    from_prometheus(cluster, namespace, prometheus, tmp_path)
 
 
-def check_metrics(scrape: str) -> None:
+def from_prometheus(cluster: Cluster, namespace: str, url: str, tmp_path: Path) -> None:
+    """`report --prometheus`: the job's steps as Prometheus scraped them (each step the progress named, in
+    order), drawn with the status' points."""
+    from ddpjob_operator.views import prometheus as prom
+
+    now = datetime.now(UTC)
+    wait_for(lambda: 52 in {s for _, s in prom.steps(url, namespace, NAME, now - timedelta(minutes=5), now)},
+             timeout=30, describe="step 52 scraped")
+    seen = [s for _, s in prom.steps(url, namespace, NAME, now - timedelta(minutes=5), datetime.now(UTC))]
+    assert [s for i, s in enumerate(seen) if i == 0 or s != seen[i - 1]] == [40, 45, 52], seen
+    picture = tmp_path / "from-prometheus.png"
+    said = cluster.ddpjob("report", NAME, "-n", namespace, "-o", str(picture), "--prometheus", url)
+    samples = int(said.stdout.rsplit("(", 1)[1].split()[0])
+    assert samples >= len(seen) - 2 and picture.stat().st_size > 10_000, said.stdout
+    wrong = cluster.ddpjob("report", NAME, "-n", namespace, "-o", str(picture), "--prometheus",
+                           "http://127.0.0.1:9", check=False)
+    assert wrong.returncode == 1 and wrong.stderr.startswith("ddpjob: cannot read Prometheus at http://127.0.0.1:9"), (
+        wrong.stderr)
+
+
+def check_metrics(scrape: str, namespace: str) -> None:
     """`promtool check metrics` on a live scrape (after faults, so the labelled series exist): the names, types,
     units and help texts pass Prometheus' own lint; and the figures over all jobs are there."""
     from tests.cluster.controlplane import tool
@@ -116,7 +165,8 @@ def check_metrics(scrape: str) -> None:
     for name in ("ddpjob_workqueue_depth", "ddpjob_workqueue_latency_seconds_count",
                  'ddpjob_api_request_duration_seconds_count{resource="pods",verb="POST"}',
                  "ddpjob_jobs_recovering", "ddpjob_checkpoint_age_max_seconds",
-                 'ddpjob_incidents_total{cause="PodDeleted"}'):
+                 'ddpjob_incidents_total{cause="PodDeleted"}',
+                 f'ddpjob_job_global_step{{ddpjob_name="{NAME}",ddpjob_namespace="{namespace}"}} 52.0'):
         assert name in scrape, (name, scrape)
     # The writes and loads the job's progress named went through the CRD's schema (not pruned) into the
     # histograms: three checkpoints (30, 40, 50), three group starts, once each.

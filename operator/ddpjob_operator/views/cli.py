@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ddpjob_operator.views import describe as describe_view
 from ddpjob_operator.views import facts, listing
+from ddpjob_operator.views import prometheus as prometheus_view
 from ddpjob_operator.views import report as report_view
 from ddpjob_operator.views.kubectl import Kubectl, ViewError
 
@@ -93,9 +94,13 @@ def list_jobs(namespace: Namespace = None,
 @app.command()
 def report(name: Annotated[str, typer.Argument(help="The DDPJob's name.")],
            output: Annotated[Path, typer.Option("--output", "-o", help="The PNG to write.")] = Path("job.png"),
-           namespace: Namespace = None, context: Context = None, kubeconfig: Kubeconfig = None) -> None:
+           namespace: Namespace = None, context: Context = None, kubeconfig: Kubeconfig = None,
+           prometheus: Annotated[str | None, typer.Option(
+               "--prometheus", help="A Prometheus that scrapes the operator (e.g. http://localhost:9090): the step "
+                                    "at every scrape, not only the points the job's status keeps.")] = None) -> None:
     """A picture of the job: global step over time, each incident shaded from its start to its recovery,
-    the last checkpoint marked, the goodput in the title (from the job's status and Events). Needs matplotlib."""
+    the last checkpoint marked, the goodput in the title (from the job's status and Events, and with --prometheus
+    from its series). Needs matplotlib."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -105,12 +110,27 @@ def report(name: Annotated[str, typer.Argument(help="The DDPJob's name.")],
     kube = Kubectl(namespace=namespace, context=context, kubeconfig=kubeconfig)
     try:
         job = kube.job(name)
-        tl = report_view.timeline(job, kube.events(job), _now())
+        now = _now()
+        series = _series(prometheus, job, now) if prometheus else []
+        tl = report_view.timeline(job, kube.events(job), now, series)
     except ViewError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(1) from None
     report_view.draw(tl, output)
-    typer.echo(f"{output}: {tl.title}")
+    typer.echo(f"{output}: {tl.title}" + (f" ({len(tl.series)} samples from Prometheus)" if prometheus else ""))
+
+
+def _series(url: str, job: Mapping[str, Any], now: datetime) -> list[tuple[datetime, int]]:
+    """The job's steps in Prometheus from its creation to its end; none there is said, not an error: the picture
+    is then drawn from the status alone."""
+    meta = job.get("metadata") or {}
+    start = facts.parse_time(meta.get("creationTimestamp")) or now
+    end = facts.end_of(job.get("status") or {}, now)
+    points = prometheus_view.steps(url, str(meta.get("namespace") or ""), str(meta.get("name") or ""), start, end)
+    if not points:
+        typer.echo(f"ddpjob: {url} has no samples of {prometheus_view.METRIC} for this job in its time (does it "
+                   "scrape the operator's /metrics?): drawn from the job's status alone", err=True)
+    return points
 
 
 def main() -> None:

@@ -1,7 +1,8 @@
 """`kubectl ddpjob report JOB -o job.png`: a job's training timeline (global step over time) with each incident
 shaded from its start to its recovery, checkpoints marked and the goodput in the title, from what the cluster
 keeps: the status (start, incidents, the last step and checkpoint) and the Events (each `IncidentRecovered` says
-the global step training resumed at). ``timeline`` is pure; ``draw`` needs matplotlib."""
+the global step training resumed at), and with ``--prometheus`` the step at every scrape (views/prometheus.py).
+``timeline`` is pure; ``draw`` needs matplotlib."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ class Timeline:
     spans: list[Span]
     #: (time, step) of checkpoints the cluster knows (the last one; older ones are not kept).
     checkpoints: list[tuple[datetime, int]]
+    #: (time, global step) at every Prometheus scrape, when read (empty: not asked for, or none there).
+    series: list[tuple[datetime, int]] = dataclasses.field(default_factory=list)
 
 
 def _resumes(events: Sequence[Obj]) -> dict[int, tuple[datetime | None, int]]:
@@ -61,7 +64,8 @@ def _spans(status: Obj, end: datetime) -> list[Span]:
     return spans
 
 
-def timeline(job: Obj, events: Sequence[Obj], now: datetime) -> Timeline:
+def timeline(job: Obj, events: Sequence[Obj], now: datetime,
+             series: Sequence[tuple[datetime, int]] = ()) -> Timeline:
     meta, status = job.get("metadata") or {}, job.get("status") or {}
     end = facts.end_of(status, now)
     points: list[tuple[datetime, int]] = []
@@ -86,7 +90,7 @@ def timeline(job: Obj, events: Sequence[Obj], now: datetime) -> Timeline:
     goodput = f"goodput {gp.fraction:.1%}" if gp is not None and gp.fraction is not None else "not started"
     title = (f"{meta.get('namespace')}/{meta.get('name')}: {status.get('state') or '?'}, "
              f"{status.get('incidentCount') or 0} incident(s), {goodput}")
-    return Timeline(title=title, points=sorted(points), spans=spans, checkpoints=checkpoints)
+    return Timeline(title=title, points=sorted(points), spans=spans, checkpoints=checkpoints, series=sorted(series))
 
 
 #: One colour per cause, so the same failure looks the same across reports.
@@ -107,8 +111,12 @@ def draw(tl: Timeline, path: Path) -> None:
         return float(mdates.date2num(at))  # type: ignore[no-untyped-call]
 
     fig, ax = plt.subplots(figsize=(10, 4.5), dpi=110)
+    if tl.series:
+        ax.plot([x(p[0]) for p in tl.series], [p[1] for p in tl.series], "-", color="tab:blue", linewidth=1.5,
+                drawstyle="steps-post", label=f"global step (Prometheus, {len(tl.series)} samples)")
     if tl.points:
-        ax.plot([x(p[0]) for p in tl.points], [p[1] for p in tl.points], "--o", color="tab:blue", markersize=5,
+        ax.plot([x(p[0]) for p in tl.points], [p[1] for p in tl.points], ":o" if tl.series else "--o",
+                color="tab:blue", markersize=5, alpha=0.6 if tl.series else 1.0,
                 label="global step (the points the cluster keeps, joined)")
     seen: set[str] = set()
     for span in tl.spans:

@@ -37,3 +37,17 @@ def job(state: str, incidents: int = 0, limit: int | None = None, stalled: bool 
 ])
 def test_collect(bodies: list[dict[str, Any]], expected: jobstats.JobStats) -> None:
     assert jobstats.collect(bodies, NOW) == expected
+
+
+def named(name: str, step: Any, state: str = "Running") -> dict[str, Any]:
+    return {"metadata": {"namespace": "ml", "name": name}, "status": {"state": state, "progress": {"globalStep": step}}}
+
+
+@pytest.mark.parametrize(("bodies", "expected"), [
+    ([], []),
+    ([named("a", 12), named("b", 0, "Succeeded")], [("ml", "a", 12), ("ml", "b", 0)]),  # finished: kept till deleted
+    ([named("a", None), named("b", True), named("c", "7"), {"status": {"progress": {"globalStep": 3}}}], []),
+])
+def test_global_steps_one_per_job_that_reported_one(bodies: list[dict[str, Any]],
+                                                    expected: list[tuple[str, str, int]]) -> None:
+    assert jobstats.global_steps(bodies) == expected
