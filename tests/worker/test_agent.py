@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from ddpjob_worker import restart_request
 
-from tests.worker.helpers import TINY, LocalJob, wait_exit, wait_until
+from tests.worker.helpers import TINY, LocalJob, read_json, wait_exit, wait_until
 
 pytestmark = pytest.mark.torchrun
 SCRIPTS = Path(__file__).parent / "scripts"
@@ -136,3 +136,6 @@ def test_a_restart_request_restarts_a_hung_group_in_place_from_its_checkpoint(jo
     logs = job.logs()
     assert logs.count("the operator asked this group to restart in place (incident #7") == 2, logs[-4000:]
     assert "resumed from checkpoint step-" in logs
+    # Rank 0 reported how long its last write and the resume's load took (the operator's checkpoint histograms).
+    progress = read_json(job.progress)
+    assert progress["lastCheckpoint"]["seconds"] > 0 and progress["start"]["checkpointLoadSeconds"] > 0, progress
