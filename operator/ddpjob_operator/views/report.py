@@ -131,7 +131,10 @@ def draw(tl: Timeline, path: Path) -> None:
     ax.set_title(tl.title, fontsize=10)
     ax.set_xlabel("time (UTC)")
     ax.set_ylabel("global step")
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))  # type: ignore[no-untyped-call]
+    # Concise: a job of seconds gets sub-second ticks without repeated labels, one of days gets dates.
+    locator = mdates.AutoDateLocator()  # type: ignore[no-untyped-call]
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
