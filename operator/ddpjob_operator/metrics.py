@@ -21,6 +21,8 @@ _LIFECYCLE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
 RECONCILES = Counter("ddpjob_reconcile", "Reconcile passes of DDPJobs")
 RECONCILE_ERRORS = Counter("ddpjob_reconcile_errors", "Reconcile passes that failed and were retried", ["kind"])
+#: The kinds controller._retry counts: exported at 0 from the start, so a rate over them is 0, not "no data".
+RETRY_KINDS = ("temporary", "unexpected")
 RECONCILE_DURATION = Histogram(
     "ddpjob_reconcile_duration_seconds",
     "Wall time of one reconcile pass (read, plan, apply, status write)",
@@ -104,6 +106,8 @@ def move_job_state(old: str | None, new: str | None) -> None:
 
 for _state in STATES:  # every state is exported from the start, at 0
     JOBS.labels(state=_state).set(0)
+for _kind in RETRY_KINDS:
+    RECONCILE_ERRORS.labels(kind=_kind)
 for _cause in CAUSES:  # every cause is exported from the start, at 0
     INCIDENTS.labels(cause=_cause)
 for _phase in PHASES:

@@ -146,7 +146,7 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
             incident["restart"] = how
     ps.restarts += sum(1 for loss, _ in decision.new_losses if loss.index is not None)
     result.new_incidents = [i["cause"] for i in ps.recent if i["id"] in decision.opened]
-    _record_losses(result, ps, decision, quiet)
+    _record_losses(result, ps, decision)
     if decision.permanent is not None:
         loss = decision.permanent
         return _fail(result, ps, "PermanentExitCode", f"{loss.pod} failed permanently: {loss.detail}")
@@ -176,15 +176,16 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     return _with_status(result, ps.old, ps.status(outcome))
 
 
-def _record_losses(result: Plan, ps: Pass, decision: incidents.Decision, quiet: Collection[str]) -> None:
-    """The Events and log lines of this pass's new losses; the next pass at once for a silent pod's."""
+def _record_losses(result: Plan, ps: Pass, decision: incidents.Decision) -> None:
+    """The Events and log lines of this pass's new losses, and the next pass at once (it acts on them)."""
     result.events += [_loss_event(loss, iid, ps) for loss, iid in decision.new_losses]
     result.losses = [f"incident #{iid} ({loss.cause}): lost {loss.pod} uid={loss.uid} at {format_time(loss.at)}: "
                      f"{loss.detail}" for loss, iid in decision.new_losses]
-    if any(loss.uid in quiet for loss, _ in decision.new_losses):
-        # A loss is acted on by the pass after this status write, whose own echo plans nothing; a pod its group
-        # reported silent changes nothing else that would bring that pass (11 s until its node's NotReady did,
-        # in the e2e run of 2026-11-27).
+    if decision.new_losses:
+        # A loss is acted on by the pass after this status write, whose own echo plans nothing. Nothing else need
+        # bring that pass: a pod its group reported silent changes nothing (its node's NotReady came 11 s later in
+        # an e2e run), and a failed pod's last status may have been the event of this pass (the replacement then
+        # waited for the resync, 56 s, in tests/integration/test_views.py).
         result.requeue_at(ps.now, ps.now)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -19,6 +20,7 @@ from tests.conftest import Cluster, wait_for
 from tests.integration.operator_support import Jobs, OperatorProcess, small_job
 
 NAME = "views"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -88,6 +90,7 @@ def test_describe_and_list_through_faults(cluster: Cluster, namespace: str, oper
     jobs.running(NAME, 2)
     jobs.wait_condition(NAME, "Running")
     report(cluster, namespace, 40, group_started=datetime.now(UTC) - timedelta(seconds=20), checkpoint=30)
+    scraped(prometheus, namespace, 40)
 
     listed = cluster.ddpjob("list", "-n", namespace).stdout.splitlines()
     assert listed[0].split()[:5] == ["NAME", "STATE", "READY", "PROGRESS", "INCIDENTS"], listed
@@ -101,6 +104,7 @@ def test_describe_and_list_through_faults(cluster: Cluster, namespace: str, oper
         "describe", NAME, "-n", namespace).stdout, timeout=30, describe="describe shows incident 1 recovering",
         state=lambda: jobs.describe(NAME))
     recover(cluster, jobs, namespace, 1, 45)
+    scraped(prometheus, namespace, 45)
     cluster.kubectl("delete", "pod", f"{NAME}-worker-0", "-n", namespace, "--wait=false")
     recover(cluster, jobs, namespace, 2, 52)
 
@@ -132,6 +136,21 @@ def test_describe_and_list_through_faults(cluster: Cluster, namespace: str, oper
     assert said.startswith(f"{picture}: {namespace}/{NAME}: Running, 2 incident(s), goodput "), said
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 10_000
     from_prometheus(cluster, namespace, prometheus, tmp_path)
+    dashboard_answers(prometheus)
+
+
+def scraped(url: str, namespace: str, step: int) -> None:
+    """Wait until Prometheus holds ``step`` as the job's latest sample, then two scrapes more: the range query's
+    one-second grid then has a point on it, however the scrapes fall."""
+    from ddpjob_operator.views import prometheus as prom
+
+    def latest() -> int | None:
+        now = datetime.now(UTC)
+        points = prom.steps(url, namespace, NAME, now - timedelta(seconds=5), now)
+        return points[-1][1] if points else None
+
+    wait_for(lambda: latest() == step, timeout=30, describe=f"Prometheus scraped step {step}", state=latest)
+    time.sleep(2)
 
 
 def from_prometheus(cluster: Cluster, namespace: str, url: str, tmp_path: Path) -> None:
@@ -152,6 +171,23 @@ def from_prometheus(cluster: Cluster, namespace: str, url: str, tmp_path: Path) 
                            "http://127.0.0.1:9", check=False)
     assert wrong.returncode == 1 and wrong.stderr.startswith("ddpjob: cannot read Prometheus at http://127.0.0.1:9"), (
         wrong.stderr)
+
+
+def dashboard_answers(url: str) -> None:
+    """Every query of the chart's Grafana dashboard, run by a real Prometheus that scraped an operator through
+    faults: each parses and each has data (Grafana itself is not used here: AGPL). Grafana's variables become what
+    it would send: every scrape job, a one-minute rate window."""
+    dashboard = json.loads((REPO / "charts" / "ddpjob-operator" / "files" / "ddpjob-dashboard.json").read_text())
+    empty = []
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$job", ".*").replace("$__rate_interval", "1m")
+            query = urllib.parse.urlencode({"query": expr})
+            answer = json.loads(urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=10).read())
+            assert answer["status"] == "success", (panel["title"], expr, answer)
+            if not answer["data"]["result"]:
+                empty.append(f"{panel['title']}: {expr}")
+    assert not empty, "dashboard queries without data:\n" + "\n".join(empty)
 
 
 def check_metrics(scrape: str, namespace: str) -> None:

@@ -19,7 +19,8 @@ CASES = REPO / "tests" / "alerts" / "ddpjob_rules_test.yaml"
 DASHBOARD = CHART / "files" / "ddpjob-dashboard.json"
 #: PromQL functions and keywords, and the series the rules read that the operator does not export (Prometheus' own).
 NOT_OURS = {"up", "by", "le", "sum", "max", "min", "rate", "increase", "absent", "histogram_quantile", "or", "and",
-            "label_values", "job", "phase", "verb", "cause", "state", "code", "pod"}
+            "label_values", "deriv", "job", "phase", "verb", "cause", "state", "code", "pod", "ddpjob_namespace",
+            "ddpjob_name"}
 
 
 def _tool(name: str) -> Path:
