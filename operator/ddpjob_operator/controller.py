@@ -196,9 +196,9 @@ class Controller:
             except NamespaceTerminating:
                 log.info("job=%s/%s namespace is terminating; not recreating children", *key)
             except kopf.TemporaryError as err:
-                self._retry(key, err.delay or 1.0, metrics.RETRY_KINDS[0], err)
+                self._retry(key, err.delay or 1.0, metrics.RETRY_TEMPORARY, err)
             except Exception as err:
-                self._retry(key, None, metrics.RETRY_KINDS[1], err)
+                self._retry(key, None, metrics.RETRY_UNEXPECTED, err)
             finally:
                 self.queue.done(key)
 

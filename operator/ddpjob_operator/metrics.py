@@ -22,7 +22,8 @@ _LIFECYCLE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 RECONCILES = Counter("ddpjob_reconcile", "Reconcile passes of DDPJobs")
 RECONCILE_ERRORS = Counter("ddpjob_reconcile_errors", "Reconcile passes that failed and were retried", ["kind"])
 #: The kinds controller._retry counts: exported at 0 from the start, so a rate over them is 0, not "no data".
-RETRY_KINDS = ("temporary", "unexpected")
+RETRY_TEMPORARY, RETRY_UNEXPECTED = "temporary", "unexpected"
+RETRY_KINDS = (RETRY_TEMPORARY, RETRY_UNEXPECTED)
 RECONCILE_DURATION = Histogram(
     "ddpjob_reconcile_duration_seconds",
     "Wall time of one reconcile pass (read, plan, apply, status write)",

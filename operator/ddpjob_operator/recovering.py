@@ -4,8 +4,6 @@ policies/stall_restart.py)."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 from ddpjob_operator import builders, names
 from ddpjob_operator import status as st
 from ddpjob_operator.observed import truncate
@@ -27,12 +25,11 @@ def restart_in_place(result: Plan, ps: Pass) -> None:
             f"incident #{last.get('id')} (Stalled): {text}")))
         return
     result.requeue_at(stall_restart.answer_due(last), ps.now)
+    # Opened by this pass: the request goes out with the next one, once the incident is written (so that an
+    # operator crash in between cannot restart the group twice); the pass that counts a loss asks for the next at
+    # once (reconcile._record_losses).
     if any(i.get("id") == last.get("id") for i in ps.old.get("incidents") or []):
         result.annotate_pods = stall_restart.to_annotate(last, ps.workers)
-    else:
-        # Opened by this pass: the request goes out with the next one, once the incident is written. Nothing else
-        # would come soon: the echo of our own status write plans nothing, and the group is hung.
-        result.requeue_at(ps.now + timedelta(seconds=stall_restart.REQUEST_AFTER_SECONDS), ps.now)
 
 
 def close_if_over(result: Plan, ps: Pass) -> None:

@@ -17,10 +17,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import Cluster, wait_for
-from tests.integration.operator_support import Jobs, OperatorProcess, small_job
+from tests.integration.operator_support import REPO, Jobs, OperatorProcess, small_job
 
 NAME = "views"
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -37,8 +36,7 @@ def prometheus(operator: OperatorProcess, tmp_path: Path) -> Iterator[str]:
                              f"--web.listen-address={url.removeprefix('http://')}"], stdout=log, stderr=log)
     try:
         # Its first scrape comes a few seconds after it is ready (target discovery runs every 5 s).
-        scraped = f"{url}/api/v1/query?query=up%3D%3D1"
-        wait_for(lambda: json.loads(urllib.request.urlopen(scraped, timeout=2).read())["data"]["result"], timeout=60,
+        wait_for(lambda: instant(url, "up == 1")["data"]["result"], timeout=60,
                  describe="Prometheus scraping the operator",
                  state=lambda: (tmp_path / "prometheus.log").read_text()[-2000:])
         yield url
@@ -173,6 +171,12 @@ def from_prometheus(cluster: Cluster, namespace: str, url: str, tmp_path: Path) 
         wrong.stderr)
 
 
+def instant(url: str, expr: str) -> Any:
+    """Prometheus' answer to an instant query."""
+    query = urllib.parse.urlencode({"query": expr})
+    return json.loads(urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=10).read())
+
+
 def dashboard_answers(url: str) -> None:
     """Every query of the chart's Grafana dashboard, run by a real Prometheus that scraped an operator through
     faults: each parses and each has data (Grafana itself is not used here: AGPL). Grafana's variables become what
@@ -182,8 +186,7 @@ def dashboard_answers(url: str) -> None:
     for panel in dashboard["panels"]:
         for target in panel["targets"]:
             expr = target["expr"].replace("$job", ".*").replace("$__rate_interval", "1m")
-            query = urllib.parse.urlencode({"query": expr})
-            answer = json.loads(urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=10).read())
+            answer = instant(url, expr)
             assert answer["status"] == "success", (panel["title"], expr, answer)
             if not answer["data"]["result"]:
                 empty.append(f"{panel['title']}: {expr}")

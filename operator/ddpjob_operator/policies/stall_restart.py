@@ -33,9 +33,6 @@ REPLACE_PODS = "ReplacePods"
 #: (seconds: a pod update re-syncs its volumes), torch's 30 s between SIGTERM and SIGKILL of a hung trainer, and
 #: the rendezvous.
 ANSWER_SECONDS = 120
-#: Seconds from the pass that opens an in-place incident to the pass that writes its request (the incident must be
-#: in the status first, so that an operator crash in between cannot restart the group twice).
-REQUEST_AFTER_SECONDS = 1.0
 #: Said of a pod replacement when the checkpoints live on the pods' emptyDirs.
 STARTS_OVER = ("; this job has no checkpoint claim, so its checkpoints live on the pods' emptyDir volumes and go "
                "with them: training starts over from step 0 (set spec.checkpoint.volumeClaim or existingClaim to "
