@@ -24,8 +24,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from ddpjob_operator import builders, gang  # noqa: E402
-from ddpjob_operator.spec import parse_ddpjob  # noqa: E402
+from ddpjob_operator.api.spec import parse_ddpjob  # noqa: E402
+from ddpjob_operator.planner.children import builders, gang  # noqa: E402
 
 from bench.operator_scale import api_client, wait_until  # noqa: E402
 from tests.cluster.controlplane import down, up  # noqa: E402

@@ -226,8 +226,8 @@ def stub_children(ns: str, job: str, workers: int) -> list[dict[str, Any]]:
 def same_children(ns: str, job: str, workers: int) -> list[dict[str, Any]]:
     """The operator's own Service and pods for the same DDPJob, built by its builders (no ownerReference: there is
     no DDPJob). Not the NetworkPolicy nor the status writes: those stay the operator's extra work."""
-    from ddpjob_operator import builders
-    from ddpjob_operator.spec import parse_ddpjob
+    from ddpjob_operator.api.spec import parse_ddpjob
+    from ddpjob_operator.planner.children import builders
 
     body = small_job(job, workers)
     body["metadata"].update(namespace=ns, uid=f"bench-{job}")
@@ -242,7 +242,7 @@ BASELINES = {"same": same_children, "stub": stub_children}
 def run_raw_case(kubeconfig: Path, n: int, workers: int, children: str) -> dict[str, Any]:
     """The raw limit: each job's children (``same``: the operator's own Service and pods; ``stub``: minimal ones)
     created by a bare client with 16 threads and no logic at all, one child after the other."""
-    from ddpjob_operator.builders import build_worker_identity
+    from ddpjob_operator.planner.children.builders import build_worker_identity
     from kubernetes import client
 
     api = api_client(kubeconfig)

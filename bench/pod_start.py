@@ -32,8 +32,8 @@ from kubernetes import client, config, watch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "operator"), str(REPO / "worker")]
 
-from ddpjob_operator import builders, inject  # noqa: E402
-from ddpjob_operator.spec import parse_ddpjob  # noqa: E402
+from ddpjob_operator.api.spec import parse_ddpjob  # noqa: E402
+from ddpjob_operator.planner.children import builders, inject  # noqa: E402
 from ddpjob_worker import contract  # noqa: E402
 
 Obj = dict[str, Any]

@@ -10,7 +10,7 @@ import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ddpjob_operator.spec import DEFAULT_GANG_SCHEDULER
+from ddpjob_operator.api.spec import DEFAULT_GANG_SCHEDULER
 
 if TYPE_CHECKING:
     from tests.cluster.controlplane import ClusterState

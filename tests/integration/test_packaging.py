@@ -17,9 +17,9 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from ddpjob_operator.builders import build_service, build_worker_identity, owner_reference
-from ddpjob_operator.names import WORKER_SERVICE_ACCOUNT as WORKER_SA
-from ddpjob_operator.spec import parse_ddpjob
+from ddpjob_operator.api.names import WORKER_SERVICE_ACCOUNT as WORKER_SA
+from ddpjob_operator.api.spec import parse_ddpjob
+from ddpjob_operator.planner.children.builders import build_service, build_worker_identity, owner_reference
 from ddpjob_worker.progress import ApiError, InClusterApi
 
 from tests.conftest import Cluster, wait_for

@@ -59,7 +59,7 @@ def test_each_alert_has_a_firing_and_a_quiet_case(rules: dict[str, Any]) -> None
 
 def _exported() -> set[str]:
     """Every sample name the operator's /metrics can carry (the registry after importing its metrics)."""
-    from ddpjob_operator import metrics  # noqa: F401  (registers the metrics)
+    from ddpjob_operator.metrics import registry as metrics  # noqa: F401  (registers the metrics)
     from prometheus_client import REGISTRY
 
     suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from ddpjob_operator.kube import CLUSTER_PERMISSIONS, PERMISSIONS
+from ddpjob_operator.kube.client import CLUSTER_PERMISSIONS, PERMISSIONS
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ddpjob-operator"
@@ -21,8 +21,8 @@ INSTALL = REPO / "manifests" / "install.yaml"
 Obj = dict[str, Any]
 Render = Callable[..., list[Obj]]
 
-# What the operator uses, as (apiGroup, resource) -> verbs: the table in kube.py next to the calls. The chart must
-# grant exactly this: a new verb is a deliberate, reviewed change to the operator's privileges.
+# What the operator uses, as (apiGroup, resource) -> verbs: the table in kube/client.py next to the calls. The chart
+# must grant exactly this: a new verb is a deliberate, reviewed change to the operator's privileges.
 NAMESPACED_RULES: dict[tuple[str, str], set[str]] = {k: set(v) for k, v in PERMISSIONS.items()}
 CLUSTER_READ_RULES: dict[tuple[str, str], set[str]] = {
     k: set(v) for k, v in CLUSTER_PERMISSIONS.items() if k != ("", "namespaces")

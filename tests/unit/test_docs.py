@@ -46,7 +46,7 @@ def make_targets() -> set[str]:
 
 def cli_commands() -> set[str]:
     import typer
-    from ddpjob_operator.cli import app
+    from ddpjob_operator.cli.app import app
 
     group: Any = typer.main.get_command(app)
     return set(group.commands)
@@ -118,7 +118,7 @@ def test_every_spec_path_the_api_reference_writes_is_in_the_crd() -> None:
 
 def test_the_rbac_tables_are_the_operators_permissions() -> None:
     """docs/packaging.md's RBAC tables list exactly kube.PERMISSIONS and kube.CLUSTER_PERMISSIONS."""
-    from ddpjob_operator.kube import CLUSTER_PERMISSIONS, PERMISSIONS
+    from ddpjob_operator.kube.client import CLUSTER_PERMISSIONS, PERMISSIONS
 
     text = (ROOT / "docs" / "packaging.md").read_text(encoding="utf-8")
     section = text[text.index("### RBAC"):]

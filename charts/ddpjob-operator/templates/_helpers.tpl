@@ -87,7 +87,7 @@ The rules the operator needs in a namespace where it manages DDPJobs. One list, 
 (cluster-wide mode) and by each Role (watchNamespaces mode), so the two modes cannot drift apart.
 */}}
 {{- define "ddpjob-operator.namespacedRules" -}}
-# Exactly the verbs the operator uses (operator/ddpjob_operator/kube.py PERMISSIONS; tests/unit/test_chart.py
+# Exactly the verbs the operator uses (operator/ddpjob_operator/kube/client.py PERMISSIONS; tests/unit/test_chart.py
 # compares the two). DDPJobs: watched and re-listed (resync), deleted when ttlSecondsAfterFinished has passed.
 - apiGroups: ["ddpjob.io"]
   resources: ["ddpjobs"]

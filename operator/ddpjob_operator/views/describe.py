@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ddpjob_operator.policies import recovery
+from ddpjob_operator.planner.policies import recovery_clock as recovery
 from ddpjob_operator.views import facts
 
 Obj = Mapping[str, Any]

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 from typing import Any
 
-from ddpjob_operator.spec import GROUP, KIND, PLURAL
+from ddpjob_operator.api.spec import GROUP, KIND, PLURAL
 
 Obj = dict[str, Any]
 

@@ -7,10 +7,11 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ddpjob_operator import builders, names
-from ddpjob_operator.observed import ChildView, PodView, format_time
-from ddpjob_operator.reconcile import Observed, Plan, plan
-from ddpjob_operator.spec import parse_ddpjob
+from ddpjob_operator.api import names
+from ddpjob_operator.api.spec import parse_ddpjob
+from ddpjob_operator.planner.children import builders
+from ddpjob_operator.planner.observation import ChildView, PodView, format_time
+from ddpjob_operator.planner.plan import Observed, Plan, plan
 from ddpjob_worker.restart_request import RESTART_ANNOTATION
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -127,7 +128,7 @@ def views(*raw: Obj) -> list[PodView]:
 
 
 class FakeCluster:
-    """Applies plans the way kube.py would (409 on an existing name, UID-checked deletes)."""
+    """Applies plans the way kube/client.py would (409 on an existing name, UID-checked deletes)."""
 
     def __init__(self, job: Obj) -> None:
         self.job: Obj | None = job

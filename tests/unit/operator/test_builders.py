@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 import yaml
-from ddpjob_operator import builders
-from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.planner.children import builders
 from ddpjob_worker.contract import WorkerEnv
 
 from .factories import make_job

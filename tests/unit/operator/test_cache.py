@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ddpjob_operator.cache import ChildCache, listed
+from ddpjob_operator.runtime.cache import ChildCache, listed
 
 from .factories import make_job, pod_obj
 

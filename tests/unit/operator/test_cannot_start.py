@@ -1,12 +1,12 @@
-"""PodsCannotStart (policies/cannot_start.py) and the waiting reason it reads (observed.py)."""
+"""PodsCannotStart (policies/cannot_start.py) and the waiting reason it reads (planner/observation.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from ddpjob_operator.observed import PodView
-from ddpjob_operator.policies import cannot_start
+from ddpjob_operator.planner.observation import PodView
+from ddpjob_operator.planner.policies import cannot_start
 
 pytestmark = pytest.mark.unit
 

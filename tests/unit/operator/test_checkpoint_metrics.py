@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ddpjob_operator import metrics
+from ddpjob_operator.metrics import registry as metrics
 from prometheus_client import REGISTRY
 
 T0, T1 = "2026-11-27T10:00:00Z", "2026-11-27T10:00:30Z"

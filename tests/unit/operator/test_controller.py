@@ -10,8 +10,8 @@ from typing import Any
 
 import kopf
 import pytest
-from ddpjob_operator import controller as ctl
-from ddpjob_operator.kube import Created, Rejected, refusal
+from ddpjob_operator.kube.client import Created, Rejected, refusal
+from ddpjob_operator.runtime import controller as ctl
 
 from .factories import make_job
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ddpjob_operator.spec import DDPJobSpec
+from ddpjob_operator.api.spec import DDPJobSpec
 
 CRD = Path(__file__).resolve().parents[3] / "operator" / "ddpjob_operator" / "crd" / "ddpjob-crd.yaml"
 

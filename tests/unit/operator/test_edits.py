@@ -8,10 +8,10 @@ import dataclasses
 from typing import Any
 
 import pytest
-from ddpjob_operator import reconcile
-from ddpjob_operator import status as st
-from ddpjob_operator.policies import edits
-from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.planner import plan as planner
+from ddpjob_operator.planner import status as st
+from ddpjob_operator.planner.policies import edits
 
 from .factories import at, running_cluster
 
@@ -54,7 +54,7 @@ def test_a_running_job_goes_on_with_its_last_valid_spec_and_says_why() -> None:
     cluster.job = broken(cluster.job)
     lost = next(iter(sorted(n for n in cluster.pods if "worker" in n)))
     del cluster.pods[lost]  # a worker lost after the edit: replaced from the last valid spec
-    plan = reconcile.plan(cluster.job, dataclasses.replace(cluster.observed(), last_valid_spec=valid), at(30))
+    plan = planner.plan(cluster.job, dataclasses.replace(cluster.observed(), last_valid_spec=valid), at(30))
     assert not st.condition_true(plan.status, st.FAILED) and plan.status["state"] != st.FAILED, plan.status
     cond = st.get_condition(plan.status, st.SPEC_REJECTED) or {}
     assert cond.get("status") == "True" and "DDPJOB_DNS_WAIT_SECONDS='soon'" in cond["message"], cond

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ddpjob_operator import builders, gang, quantity
-from ddpjob_operator.observed import PodView
-from ddpjob_operator.policies import queued
-from ddpjob_operator.spec import POD_GROUP_LABEL, parse_ddpjob
+from ddpjob_operator.api import quantity
+from ddpjob_operator.api.spec import POD_GROUP_LABEL, parse_ddpjob
+from ddpjob_operator.planner.children import builders, gang
+from ddpjob_operator.planner.observation import PodView
+from ddpjob_operator.planner.policies import unschedulable
 
 from tests.unit.operator.factories import make_job
 
@@ -110,14 +111,14 @@ GANG_MSG = "Unschedulable: pre-filter pod w-1 cannot find enough sibling pods"
                  id="container-waiting-is-not-the-scheduler"),
 ])
 def test_queued(pods: list[PodView], is_gang: bool, want: bool, reason: str, in_message: str) -> None:
-    q = queued.decide(pods, gang=is_gang)
+    q = unschedulable.decide(pods, gang=is_gang)
     assert (q.queued, q.reason) == (want, reason)
     assert in_message in q.message
 
 
 def test_plan_creates_the_group_and_reports_queued_then_scheduled() -> None:
-    from ddpjob_operator import status as st
-    from ddpjob_operator.reconcile import Observed, plan
+    from ddpjob_operator.planner import status as st
+    from ddpjob_operator.planner.plan import Observed, plan
 
     from tests.unit.operator.factories import at, pod_obj, views
 
@@ -158,9 +159,9 @@ def test_parse_quantity_refuses_what_is_not_a_quantity(text: str) -> None:
 
 
 def test_plan_without_the_pod_group_crd_says_so() -> None:
-    from ddpjob_operator import status as st
-    from ddpjob_operator.policies.children import Problem
-    from ddpjob_operator.reconcile import Observed, plan
+    from ddpjob_operator.planner import status as st
+    from ddpjob_operator.planner.plan import Observed, plan
+    from ddpjob_operator.planner.policies.children import Problem
 
     from tests.unit.operator.factories import at
 

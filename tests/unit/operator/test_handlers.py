@@ -9,8 +9,10 @@ from typing import Any, cast
 
 import kopf
 import pytest
-from ddpjob_operator import handlers, kube, podwatch
-from ddpjob_operator.compat import kopf_api
+from ddpjob_operator.kube import client as kube
+from ddpjob_operator.kube import podwatch
+from ddpjob_operator.kube.kopf_compat import kopf_api
+from ddpjob_operator.runtime import handlers
 
 
 def test_only_event_handlers_are_registered_so_no_diff_base_is_needed() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ddpjob_operator.identity import WorkerIdentity
-from ddpjob_operator.kube import Created, refusal
+from ddpjob_operator.kube.client import Created, refusal
+from ddpjob_operator.kube.identity import WorkerIdentity
 
 IDENTITY = [("ServiceAccount", "ddpjob-worker"), ("Role", "ddpjob-worker"), ("RoleBinding", "ddpjob-worker")]
 

@@ -6,10 +6,10 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from ddpjob_operator.observed import PodView
-from ddpjob_operator.policies import failure, incidents
-from ddpjob_operator.policies.failure import Loss
-from ddpjob_operator.spec import RunPolicy
+from ddpjob_operator.api.spec import RunPolicy
+from ddpjob_operator.planner.observation import PodView
+from ddpjob_operator.planner.policies import failure, incidents
+from ddpjob_operator.planner.policies.failure import Loss
 
 from .factories import at
 

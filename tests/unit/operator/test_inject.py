@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ddpjob_operator import builders, inject
-from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.planner.children import builders, inject
 
 from tests.unit.operator.factories import make_job
 
@@ -109,7 +109,7 @@ def test_image_mode_needs_no_command() -> None:
 def test_ddpjob_run_wraps_the_command_like_a_pod(tmp_path: Any) -> None:
     import sys
 
-    from ddpjob_operator.local import agent_argv
+    from ddpjob_operator.cli.local_run import agent_argv
 
     entry = [sys.executable, "-m", "ddpjob_worker.entrypoint", "--"]
     assert agent_argv({"command": ["python3", "t.py"], "args": ["-x"]}, tmp_path, inject=True) == [

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ddpjob_operator import status as st
-from ddpjob_operator.reconcile import Observed, plan
-from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.planner import status as st
+from ddpjob_operator.planner.plan import Observed, plan
 
 from .factories import at, running_cluster
 

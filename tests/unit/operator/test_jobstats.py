@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from ddpjob_operator import jobstats
+from ddpjob_operator.metrics import jobstats
 
 NOW = datetime(2026, 11, 27, 12, 0, 0, tzinfo=UTC)
 

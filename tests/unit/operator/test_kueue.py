@@ -7,14 +7,14 @@ import dataclasses
 from typing import Any
 
 import pytest
-from ddpjob_operator import admission, kueue
-from ddpjob_operator import status as st
-from ddpjob_operator.admission import KueueInputs
-from ddpjob_operator.kueue import Condition, WorkloadView
-from ddpjob_operator.observed import format_time
-from ddpjob_operator.policies import queueing
-from ddpjob_operator.reconcile import Plan, plan
-from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.planner import status as st
+from ddpjob_operator.planner.kueue import admission, gate
+from ddpjob_operator.planner.kueue import workload as kueue
+from ddpjob_operator.planner.kueue.admission import KueueInputs
+from ddpjob_operator.planner.kueue.workload import Condition, WorkloadView
+from ddpjob_operator.planner.observation import format_time
+from ddpjob_operator.planner.plan import Plan, plan
 
 from .factories import FakeCluster, at, make_job
 
@@ -47,12 +47,12 @@ def view(**conds: tuple[bool, str, str]) -> WorkloadView:
     (view(Finished=(True, "Succeeded", "done")), False, False, "WorkloadFinished", None),
 ])
 def test_gate(wl: WorkloadView | None, active: bool, run: bool, reason: str, clear: str | None) -> None:
-    g = queueing.decide("ddpjob-job-abcde", "q", wl, pods_active=active)
+    g = gate.decide("ddpjob-job-abcde", "q", wl, pods_active=active)
     assert (g.run, g.reason, g.clear_admission) == (run, reason, clear), g.message
 
 
 def test_a_missing_priority_class_holds_the_job_with_the_fix() -> None:
-    g = queueing.decide("w", "q", None, pods_active=False, priority_missing="names WorkloadPriorityClass 'x' ...")
+    g = gate.decide("w", "q", None, pods_active=False, priority_missing="names WorkloadPriorityClass 'x' ...")
     assert (g.run, g.reason) == (False, "PriorityClassNotFound")
 
 
@@ -75,7 +75,7 @@ def test_a_queued_job_without_a_checkpoint_claim_is_refused_naming_the_fix() -> 
 
 def test_workload_has_both_pod_sets_the_queue_and_the_priority() -> None:
     job = parse_ddpjob(queued(4).with_elastic(2, 4).obj())
-    from ddpjob_operator import builders
+    from ddpjob_operator.planner.children import builders
     wl = kueue.build_workload(job, builders.build_worker_pod(job, 0), builders.build_rendezvous_pod(job), ("hi", 900))
     assert wl["metadata"]["name"] == kueue.workload_name(job)
     assert wl["metadata"]["name"].startswith("ddpjob-job-") and len(wl["metadata"]["name"]) <= 63
@@ -231,7 +231,7 @@ def test_clear_admission_patch_gives_the_quota_back_conditionally() -> None:
 
 
 def test_metrics_see_the_wait_and_the_eviction_once() -> None:
-    from ddpjob_operator.admission import transitions
+    from ddpjob_operator.planner.kueue.admission import transitions
 
     queued = {"state": "Queued", "conditions": [{"type": "Queued", "status": "True", "reason": "Pending",
                                                  "lastTransitionTime": "2026-01-01T12:00:00Z"}]}

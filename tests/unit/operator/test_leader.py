@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from ddpjob_operator import leader
+from ddpjob_operator.kube import leader
 
 T = leader.Timing(lease=15, renew_deadline=10, retry=2)
 NOW = datetime(2026, 11, 26, 12, 0, 0, tzinfo=UTC)

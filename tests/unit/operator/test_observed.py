@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from ddpjob_operator.observed import MAX_MESSAGE, PodView, count, truncate
+from ddpjob_operator.planner.observation import MAX_MESSAGE, PodView, count, truncate
 
 
 def test_failed_worker_view() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import kopf
 import pytest
-from ddpjob_operator import podwatch
-from ddpjob_operator.compat import kopf_watching as watching
+from ddpjob_operator.kube import podwatch
+from ddpjob_operator.kube.kopf_compat import kopf_watching as watching
 
 
 def test_events_reach_the_sink_and_a_failed_stream_starts_again(monkeypatch: pytest.MonkeyPatch) -> None:

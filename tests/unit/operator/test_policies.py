@@ -6,10 +6,10 @@ from datetime import datetime
 from typing import Any
 
 import pytest
-from ddpjob_operator.observed import PodView
-from ddpjob_operator.policies import deadline, stuck, success, suspend, ttl
-from ddpjob_operator.policies.restart import ExitAction, backoff_exhausted, restart_policy_for_exit_code
-from ddpjob_operator.spec import RunPolicy
+from ddpjob_operator.api.spec import RunPolicy
+from ddpjob_operator.planner.observation import PodView
+from ddpjob_operator.planner.policies import deadline, stuck, success, suspend, ttl
+from ddpjob_operator.planner.policies.restart import ExitAction, backoff_exhausted, restart_policy_for_exit_code
 
 from .factories import at
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from ddpjob_operator import ratelimit
-from ddpjob_operator.ratelimit import TokenBucket
+from ddpjob_operator.kube import ratelimit
+from ddpjob_operator.kube.ratelimit import TokenBucket
 
 
 @pytest.mark.parametrize(("qps", "burst", "requests", "waits"), [
@@ -47,6 +47,6 @@ def test_configure_refuses_nonsense_and_new_buckets_take_the_limits() -> None:
     ("/apis/kueue.x-k8s.io/v1beta1/namespaces/a/workloads/w/status", "workloads/status"),
 ])
 def test_the_request_metric_names_the_resource(url: str, resource: str) -> None:
-    from ddpjob_operator.kube import _resource
+    from ddpjob_operator.kube.client import _resource
 
     assert _resource(url) == resource

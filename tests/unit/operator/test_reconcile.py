@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ddpjob_operator import status as st
-from ddpjob_operator.reconcile import Observed, plan
+from ddpjob_operator.planner import status as st
+from ddpjob_operator.planner.plan import Observed, plan
 
 from .factories import FakeCluster, at, make_job, pod_obj, running_cluster, views
 

@@ -1,4 +1,4 @@
-"""The recovery clock (policies/recovery.py) and hot spares (spec.spares) in the planner: table tests of the pure
+"""The recovery clock (policies/recovery_clock.py) and hot spares (spec.spares) in the planner: table tests of the pure
 functions, then fault scenarios on the in-memory cluster."""
 
 from __future__ import annotations
@@ -8,11 +8,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from ddpjob_operator import metrics
-from ddpjob_operator.observed import PodView, format_time
-from ddpjob_operator.policies import recovery
-from ddpjob_operator.reconcile import plan
-from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.metrics import registry as metrics
+from ddpjob_operator.planner.observation import PodView, format_time
+from ddpjob_operator.planner.plan import plan
+from ddpjob_operator.planner.policies import recovery_clock as recovery
 from prometheus_client import REGISTRY
 
 from .factories import T0, FakeCluster, at, make_job, pod_obj, running_cluster

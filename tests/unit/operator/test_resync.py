@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
-from ddpjob_operator import controller as ctl
-from ddpjob_operator import resync
-from ddpjob_operator.cache import ChildCache
-from ddpjob_operator.kube import Kube
-from ddpjob_operator.spec import KIND
+from ddpjob_operator.api.spec import KIND
+from ddpjob_operator.kube.client import Kube
+from ddpjob_operator.runtime import controller as ctl
+from ddpjob_operator.runtime import resync
+from ddpjob_operator.runtime.cache import ChildCache
 
 from .factories import make_job, pod_obj
 

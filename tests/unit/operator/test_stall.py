@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ddpjob_operator.observed import PodView, format_time
-from ddpjob_operator.policies import stall
+from ddpjob_operator.planner.observation import PodView, format_time
+from ddpjob_operator.planner.policies import stall
 
 from .factories import at
 

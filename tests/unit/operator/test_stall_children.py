@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ddpjob_operator.observed import ChildView
-from ddpjob_operator.policies import children
-from ddpjob_operator.policies.children import Problem
-from ddpjob_operator.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.planner.observation import ChildView
+from ddpjob_operator.planner.policies import children
+from ddpjob_operator.planner.policies.children import Problem
 
 from .factories import make_job
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ddpjob_operator import status as st
-from ddpjob_operator.observed import PodView, format_time
-from ddpjob_operator.policies import stall_restart
+from ddpjob_operator.planner import status as st
+from ddpjob_operator.planner.observation import PodView, format_time
+from ddpjob_operator.planner.policies import stall_restart
 from ddpjob_worker.restart_request import RESTART_ANNOTATION, Request, parse
 
 from .factories import FakeCluster, at, make_job, pod_obj, running_cluster

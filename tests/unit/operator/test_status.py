@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpjob_operator import status as st
+from ddpjob_operator.planner import status as st
 
 from .factories import at
 

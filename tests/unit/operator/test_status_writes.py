@@ -6,9 +6,9 @@ import dataclasses
 from typing import Any
 
 import pytest
-from ddpjob_operator import status as st
-from ddpjob_operator.policies import status_writes
-from ddpjob_operator.reconcile import plan
+from ddpjob_operator.planner import status as st
+from ddpjob_operator.planner.plan import plan
+from ddpjob_operator.planner.policies import status_writes
 
 from .factories import FakeCluster, at, make_job
 

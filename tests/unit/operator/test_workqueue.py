@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ddpjob_operator.workqueue import WorkQueue
+from ddpjob_operator.runtime.workqueue import WorkQueue
 
 
 def test_dedup_and_dirty_requeue() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ddpjob_operator.local import agent_argv
+from ddpjob_operator.cli.local_run import agent_argv
 from ddpjob_worker import contract
 from ddpjob_worker.progress import ProgressReporter
 

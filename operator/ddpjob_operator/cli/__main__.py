@@ -1,0 +1,5 @@
+"""``python -m ddpjob_operator.cli``: the ``ddpjob`` command line."""
+
+from ddpjob_operator.cli.app import app
+
+app()

@@ -1,0 +1,77 @@
+"""Figures over all known DDPJobs for the operator's /metrics, computed at scrape time from the bodies the
+controller keeps: counts and maxima, which the chart's alert rules
+(charts/ddpjob-operator/templates/prometheusrule.yaml) read, and one series per existing job, its global step
+(`kubectl ddpjob report --prometheus` draws its history): it lives as long as the job does, like
+kube-state-metrics' per-object series. Pure: bodies and clock in, figures out."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from ddpjob_operator.api.spec import RunPolicy
+from ddpjob_operator.planner import status as st
+from ddpjob_operator.planner.observation import parse_time
+
+#: A job's incident budget is nearly spent once this share of spec.runPolicy.backoffLimit is used.
+BUDGET_WARN_SHARE = 0.8
+#: The default backoffLimit, for a body that does not spell it out.
+DEFAULT_BACKOFF_LIMIT: int = RunPolicy.model_fields["backoff_limit"].default
+#: States in which a job trains (or should): only these can be stalled or overdue for a checkpoint.
+ACTIVE = (st.RUNNING, st.RESTARTING)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobStats:
+    #: Unfinished jobs whose incidents reached BUDGET_WARN_SHARE of their backoffLimit.
+    budget_nearly_spent: int = 0
+    #: Active jobs whose Stalled condition is True.
+    stalled: int = 0
+    #: Active jobs with an incident still recovering.
+    recovering: int = 0
+    #: The oldest last checkpoint among active jobs that reported one, in seconds (0 if none).
+    max_checkpoint_age: float = 0.0
+
+
+def _backoff_limit(body: Mapping[str, Any]) -> int:
+    limit = ((body.get("spec") or {}).get("runPolicy") or {}).get("backoffLimit")
+    return limit if isinstance(limit, int) and not isinstance(limit, bool) else DEFAULT_BACKOFF_LIMIT
+
+
+def _true(status: Mapping[str, Any], ctype: str) -> bool:
+    return any(c.get("type") == ctype and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def collect(bodies: Iterable[Mapping[str, Any]], now: datetime) -> JobStats:
+    near = stalled = recovering = 0
+    oldest = 0.0
+    for body in bodies:
+        status = body.get("status") or {}
+        state = status.get("state")
+        if state in (st.SUCCEEDED, st.FAILED):
+            continue
+        limit, count = _backoff_limit(body), status.get("incidentCount") or 0
+        if limit > 0 and count >= BUDGET_WARN_SHARE * limit:
+            near += 1
+        if state not in ACTIVE:
+            continue
+        stalled += _true(status, "Stalled")
+        incidents = status.get("incidents") or []
+        recovering += bool(incidents and incidents[-1].get("outcome") == "Recovering")
+        saved = parse_time(((status.get("progress") or {}).get("lastCheckpoint") or {}).get("time"))
+        if saved is not None:
+            oldest = max(oldest, (now - saved).total_seconds())
+    return JobStats(budget_nearly_spent=near, stalled=stalled, recovering=recovering, max_checkpoint_age=oldest)
+
+
+def global_steps(bodies: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, int]]:
+    """(namespace, name, global step) of every job whose progress reports one: finished jobs too, so the last
+    step stays in the history until the job is deleted."""
+    out = []
+    for body in bodies:
+        meta, step = body.get("metadata") or {}, ((body.get("status") or {}).get("progress") or {}).get("globalStep")
+        if isinstance(step, int) and not isinstance(step, bool) and meta.get("name"):
+            out.append((str(meta.get("namespace") or ""), str(meta["name"]), step))
+    return out

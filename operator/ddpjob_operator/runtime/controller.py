@@ -1,0 +1,373 @@
+"""The reconcile loop: a keyed work queue, a few workers, and one pass per job = read, plan, apply, write
+status once, emit events. kopf handlers (handlers.py) only feed it (DDPJob bodies, child events into the
+cache); the periodic resync (resync.py) corrects what the watches missed; all decisions are in planner.plan."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import functools
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+import kopf
+
+from ddpjob_operator.api.spec import QUEUE_LABEL, InvalidSpec, parse_ddpjob
+from ddpjob_operator.kube import podwatch
+from ddpjob_operator.kube.client import Kube, NamespaceTerminating, Rejected
+from ddpjob_operator.kube.identity import WorkerIdentity
+from ddpjob_operator.metrics import registry as metrics
+from ddpjob_operator.planner import plan as planner
+from ddpjob_operator.planner import status as st
+from ddpjob_operator.planner.kueue import admission
+from ddpjob_operator.planner.observation import PodView, truncate
+from ddpjob_operator.planner.policies import status_writes
+from ddpjob_operator.runtime import kueue_sync, resync
+from ddpjob_operator.runtime.apply import apply_plan
+from ddpjob_operator.runtime.cache import ChildCache, Key
+from ddpjob_operator.runtime.memory import JobMemory, backoff
+from ddpjob_operator.runtime.workqueue import WorkQueue
+
+log = logging.getLogger("ddpjob.controller")
+
+#: Concurrent reconcile passes. Each is mostly waiting on the API server: a new job's first pass takes ~1.5 s under
+#: a burst (its children, then its pods, then its status, each a round trip of 0.2-0.5 s), so 16 workers queued
+#: the 500th of 500 new jobs for 30 s while the API server had room for more (bench/operator_scale.py, 2026-11-25:
+#: it served 400 requests/s to a bare client and 230/s to the operator). kube.MAX_IN_FLIGHT still caps the requests.
+WORKERS = 64
+
+
+def _first_start(old: Mapping[str, Any]) -> bool:
+    """True until the job has run once: never Running, Restarting or Suspended before."""
+    seen = (st.RUNNING, st.RESTARTING, st.SUSPENDED)
+    return (
+        old.get("state") in (None, st.CREATED)
+        and all(st.get_condition(old, c) is None or (c == st.RUNNING and not st.condition_true(old, c)) for c in seen)
+        and not old.get("restarts")
+    )
+
+
+def _observe_kueue(old: Mapping[str, Any], new: Mapping[str, Any], now: datetime) -> None:
+    """Kueue's metrics: time waited in the queue, evictions."""
+    waited, evicted = admission.transitions(old, new, now)
+    if waited is not None:
+        metrics.KUEUE_QUEUED.observe(max(0.0, waited))
+    if evicted is not None:
+        metrics.KUEUE_PREEMPTIONS.labels(reason=evicted).inc()
+
+
+def _rv(body: Mapping[str, Any]) -> str:
+    """The body's resourceVersion, as the API server wrote it."""
+    return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+
+def _older(rv: str, than: str) -> bool:
+    """Whether a body at ``rv`` is older than one at ``than``. resourceVersions are opaque (API conventions); an
+    etcd-backed API server's are integers that grow, and only then can a late watch event be told from a newer
+    one. Waiting for the watch to echo our own write is no rule instead: kopf skips events that a newer one
+    follows closely. Any other API server gets arrival order: the newest body to arrive is the newest."""
+    return rv.isdigit() and than.isdigit() and int(rv) < int(than)
+
+
+def _kept(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The DDPJob body as kept between passes: without metadata.managedFields, the API server's field-ownership
+    bookkeeping that nothing here reads and that outweighs the spec (one entry per writer: the submitter, every
+    status write, the progress reporter)."""
+    meta = body.get("metadata") or {}
+    if "managedFields" not in meta:
+        return dict(body)
+    return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
+
+
+class Controller:
+    """Owns the job cache, the queue and the workers of one operator process."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[Key, JobMemory] = {}
+        self.queue: WorkQueue[Key] = WorkQueue()
+        metrics.WORKQUEUE_DEPTH.set_function(lambda: len(self.queue))
+        metrics.JOB_STATS.source = lambda: [mem.body for mem in self.jobs.values()]
+        self.cache = ChildCache()
+        self.identity = WorkerIdentity()
+        self._states: dict[Key, str] = {}
+        self.kube: Kube | None = None
+        self.namespaces: list[str] = []
+        self.resync_seconds = resync.DEFAULT_RESYNC_SECONDS
+        self._workers: list[asyncio.Task[None]] = []
+        self._synced: asyncio.Event | None = None
+        self._events = 0  # job watch events and status writes so far: marks for the resync (job_seen)
+
+    def start(self, kube: Kube) -> None:
+        """Start the workers, the resync and the pods' watch (once), inside a kopf handler's context so kopf.event()
+        can post Events and the API calls find kopf's credentials."""
+        if self._workers:
+            return
+        self.kube = kube
+        self._synced = asyncio.Event()
+        self._workers = [asyncio.create_task(self._work(), name=f"ddpjob-worker-{i}") for i in range(WORKERS)]
+        self._workers.append(asyncio.create_task(
+            resync.sync_then_resync(kube, self.cache, self, self.namespaces, self.resync_seconds, self._synced),
+            name="ddpjob-resync"))
+        self._workers.append(asyncio.create_task(
+            podwatch.watch_pods(kube.settings, self.namespaces, functools.partial(self.child_seen, "Pod")),
+            name="ddpjob-pods"))
+
+    async def stop(self) -> None:
+        """Cancel the workers (operator shutdown)."""
+        self.queue.close()
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+
+    def mark(self) -> int:
+        """Where the jobs' watch events and status writes stand now: a resync takes it before its LIST."""
+        return self._events
+
+    def job_seen(self, event_type: str | None, body: Mapping[str, Any], listed_after: int | None = None) -> None:
+        """Record the latest body of a DDPJob from its watch stream (or a resync's LIST sent after the mark
+        ``listed_after``) and enqueue a pass. A body is never replaced by one older than it (_older), which keeps
+        a late event from undoing our own status write."""
+        meta = body.get("metadata") or {}
+        key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type == "DELETED":
+            self.jobs.pop(key, None)
+            self.cache.forget(key)
+            self.queue.forget(key)
+            self._set_state(key, None)
+            return
+        mem = self.jobs.get(key)
+        rv = _rv(body)
+        if listed_after is None:
+            self._events += 1
+        if mem is None or mem.body["metadata"].get("uid") != meta.get("uid"):
+            self.jobs[key] = JobMemory(body=_kept(body), resource_version=rv, touched=self._events)
+        elif listed_after is not None:
+            # A LIST item: newer than all that arrived before the LIST was sent, not than what arrived since.
+            if mem.touched <= listed_after and not _older(rv, mem.resource_version):
+                mem.take(_kept(body), rv, self._events)
+        elif rv == mem.resource_version and event_type == "MODIFIED":
+            # The echo of our own status write, whose answer the pass already kept: nothing new to plan (every
+            # change of a child enqueues its own pass). A listing or the resync always plans.
+            return
+        elif not _older(rv, mem.resource_version):
+            mem.take(_kept(body), rv, self._events)
+        self.queue.add(key)
+
+    def child_seen(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
+        """A watch event of a child (pod, Service, ...): update the cache and enqueue its job's pass."""
+        key = self.cache.apply(kind, event_type, body)
+        if key is not None and key in self.jobs:
+            self.queue.add(key)
+
+    def enqueue(self, keys: Iterable[Key]) -> None:
+        """Enqueue passes of these jobs (those still known)."""
+        for key in keys:
+            if key in self.jobs:
+                self.queue.add(key)
+
+    def identity_lost(self, namespace: str) -> None:
+        """A worker identity object of ``namespace`` was deleted: the jobs there create it again."""
+        self.identity.forget(namespace)
+        self.enqueue([key for key in self.jobs if key[0] == namespace])
+
+    def resynced(self) -> None:
+        """After a resync: check the namespaces' worker identity again (someone may have deleted it)."""
+        self.identity.forget()
+
+    def forget_unlisted(self, listed: set[Key], mark: int, scope: Iterable[str] | None) -> None:
+        """After a LIST of DDPJobs sent after ``mark`` (whose bodies went through ``job_seen``): forget jobs
+        deleted while the watch was down (not those a watch event announced after the mark)."""
+        namespaces = set(scope) if scope is not None else None
+        for key, mem in list(self.jobs.items()):
+            if key not in listed and mem.touched <= mark and (namespaces is None or key[0] in namespaces):
+                log.info("job=%s/%s is gone (resync); forgetting it", *key)
+                self.job_seen("DELETED", mem.body)
+
+    async def _work(self) -> None:
+        if self._synced is not None:
+            await self._synced.wait()
+        while True:
+            key, waited = await self.queue.get_timed()
+            metrics.WORKQUEUE_LATENCY.observe(waited)
+            try:
+                await self.reconcile(key)
+            except NamespaceTerminating:
+                log.info("job=%s/%s namespace is terminating; not recreating children", *key)
+            except kopf.TemporaryError as err:
+                self._retry(key, err.delay or 1.0, metrics.RETRY_TEMPORARY, err)
+            except Exception as err:
+                self._retry(key, None, metrics.RETRY_UNEXPECTED, err)
+            finally:
+                self.queue.done(key)
+
+    def _retry(self, key: Key, delay: float | None, kind: str, err: BaseException) -> None:
+        metrics.RECONCILE_ERRORS.labels(kind=kind).inc()
+        mem = self.jobs.get(key)
+        if mem is None:
+            return
+        mem.errors += 1
+        wait = backoff(mem.errors, base=delay or 0.5)
+        log.warning(
+            "job=%s/%s reconcile failed (%s), retrying in %.1fs: %s",
+            *key,
+            kind,
+            wait,
+            err,
+            exc_info=kind == "unexpected",
+        )
+        self.queue.add_after(key, wait)
+
+
+    async def reconcile(self, key: Key) -> None:
+        """One pass for one job: plan, apply, and one status write (re-planned if the API server's answers to
+        this pass's creates changed what it must report: a conflict or refusal shows in the same write)."""
+        mem = self.jobs.get(key)
+        if mem is None or self.kube is None:
+            return
+        body = mem.body
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            return  # garbage collection removes the children
+        t0 = time.monotonic()
+        metrics.RECONCILES.inc()
+        metrics.observe_checkpoints((body.get("status") or {}).get("progress") or {}, mem.checkpoints_seen)
+        now = datetime.now(UTC)
+        pods = mem.observed_pods(self.cache.pods(key), t0)
+        observed = planner.Observed(
+            pods=pods, children=self.cache.children(key), problems=dict(mem.problems),
+            node_ready=await self._node_readiness(body, pods, now), restarts_floor=mem.restarts_floor,
+            incidents_floor=mem.incidents_floor, first_pass=mem.passes == 0, routine_since=mem.routine_since,
+            deleted=frozenset(mem.deleted_uids),
+            routine_wait=status_writes.interval(len(self.queue), WORKERS),
+            kueue=await self._kueue_inputs(body, key, mem), last_valid_spec=mem.last_valid_spec,
+        )
+        plan = planner.plan(body, observed, now)
+        if plan.job is not None and plan.invalid is None:
+            mem.last_valid_spec = copy.deepcopy(body.get("spec"))
+        try:
+            if plan.job is not None and await apply_plan(self.kube, key, mem, plan, self.identity):
+                # The same observation with the API server's answers to this pass's creates.
+                answered = planner.plan(body, dataclasses.replace(observed, problems=dict(mem.problems)), now)
+                plan.status, plan.patch, plan.status_held = answered.status, answered.patch, answered.status_held
+                plan.events += [e for e in answered.events if e not in plan.events]
+            if plan.workload_writes:  # after the pod deletes: an evicted job's quota goes back once none is active
+                await kueue_sync.write(self.kube, key[0], plan.workload_writes, now)
+        except Rejected as err:
+            plan = self._rejected_plan(body, plan, err, now)
+        self._log(key, plan)
+        mem.routine_since = (mem.routine_since or now) if plan.status_held else None
+        if plan.patch:
+            fresh = await self.kube.patch_status(key[0], key[1], plan.patch)
+            if fresh and not _older(_rv(fresh), mem.resource_version):
+                self._events += 1
+                mem.take(_kept(fresh), _rv(fresh), self._events)
+            if plan.status.get("state") == st.RUNNING and _first_start(body.get("status") or {}):
+                self._observe_time_to_running(body, now)
+            _observe_kueue(body.get("status") or {}, plan.status, now)
+        mem.restarts_floor = max(mem.restarts_floor, int(plan.status.get("restarts") or 0))
+        mem.incidents_floor = max(mem.incidents_floor, int(plan.status.get("incidentCount") or 0))
+        for event in plan.events:
+            poster = kopf.warn if event.type == "Warning" else kopf.info
+            poster(cast(kopf.Body, body), reason=event.reason, message=truncate(event.message))
+        if plan.delete_job and plan.job is not None:
+            await self.kube.delete_job(key[0], key[1], plan.job.uid)
+        mem.errors = 0
+        mem.passes += 1
+        self._schedule(key, mem, plan)
+        metrics.RECONCILE_DURATION.observe(time.monotonic() - t0)
+        self._set_state(key, str(plan.status.get("state") or st.CREATED))
+
+    def _schedule(self, key: Key, mem: JobMemory, plan: planner.Plan) -> None:
+        """The next pass: when the plan asked, sooner while a create is refused (with jittered backoff)."""
+        delays = [] if plan.requeue_after is None else [plan.requeue_after + 0.2]
+        if any(not p.conflict for p in mem.problems.values()):
+            mem.refusals += 1
+            delays.append(backoff(mem.refusals, base=1.0))
+        else:
+            mem.refusals = 0
+        if mem.name_taken:  # a create found its name still taken by a pod on its way out: look again soon
+            mem.name_taken = False
+            delays.append(planner.RETRY_SOON_SECONDS)
+        if delays:
+            self.queue.add_after(key, min(delays))
+
+    @staticmethod
+    def _log(key: Key, plan: planner.Plan) -> None:
+        for line in plan.losses:
+            log.info("job=%s/%s %s", *key, line)
+        if plan.create_pods or plan.delete_pods or plan.patch or plan.ensure:
+            log.info(
+                "job=%s/%s state=%s created=%s deleted=%s ensured=%s status=%s",
+                *key,
+                plan.status.get("state"),
+                [p["metadata"]["name"] for p in plan.create_pods],
+                [f"{d.name}({d.reason})" for d in plan.delete_pods],
+                [f"{o['kind']}/{o['metadata']['name']}" for o in plan.ensure],
+                sorted(plan.patch),
+            )
+
+    def _rejected_plan(self, body: Mapping[str, Any], plan: planner.Plan, err: Rejected, now: datetime) -> planner.Plan:
+        """The API server refused a child built from the template: fail the job with its explanation."""
+        old = body.get("status") or {}
+        reason = "InvalidPodTemplate" if err.kind == "Pod" else "ChildRejected"
+        outcome = st.Outcome(state=st.FAILED, reason=reason, message=truncate(f"the API server rejected {err}"))
+        counts = st.Counts(
+            desired=plan.job.spec.replicas if plan.job else 0,
+            restarts=int(plan.status.get("restarts") or 0),
+            start_time=plan.status.get("startTime"),
+            completion_time=plan.status.get("completionTime") or now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        new = st.compute_status(
+            old,
+            outcome=outcome,
+            workers=[],
+            counts=counts,
+            generation=int(body["metadata"].get("generation") or 0),
+            now=now,
+        )
+        return planner.Plan(
+            job=plan.job, status=new, patch=st.status_patch(old, new), events=st.transition_events(old, new)
+        )
+
+    async def _kueue_inputs(self, body: Mapping[str, Any], key: Key, mem: JobMemory) -> planner.KueueInputs:
+        """A queued job's priority class and admitted flavors (kueue_io); nothing for an invalid job."""
+        assert self.kube is not None
+        if not ((body.get("metadata") or {}).get("labels") or {}).get(QUEUE_LABEL):
+            return planner.KueueInputs()  # most jobs: no second parse of the body on every pass
+        try:
+            job = parse_ddpjob(body)
+        except InvalidSpec:
+            return planner.KueueInputs()
+        return await kueue_sync.read_inputs(self.kube, job, self.cache.children(key), mem)
+
+    async def _node_readiness(
+        self, body: Mapping[str, Any], pods: list[PodView], now: datetime
+    ) -> dict[str, bool]:
+        """Readiness of the nodes of pods Terminating for longer than the threshold (a rare, cheap read)."""
+        assert self.kube is not None
+        policy = (body.get("spec") or {}).get("runPolicy") or {}
+        threshold = timedelta(seconds=int(policy.get("terminatingNodeTimeoutSeconds", 300)))
+        nodes = {
+            p.node_name
+            for p in pods
+            if p.node_name and p.deletion_timestamp and now - p.deletion_timestamp >= threshold
+        }
+        return {n: await self.kube.node_ready(n) for n in nodes}
+
+    def _observe_time_to_running(self, body: Mapping[str, Any], now: datetime) -> None:
+        created = (body.get("metadata") or {}).get("creationTimestamp")
+        if created:
+            start = datetime.fromisoformat(str(created).replace("Z", "+00:00"))
+            metrics.TIME_TO_ALL_RUNNING.observe(max(0.0, (now - start).total_seconds()))
+
+    def _set_state(self, key: Key, state: str | None) -> None:
+        """Keep the jobs-by-state gauge current in O(1) per pass."""
+        old = self._states.pop(key, None)
+        if state is not None:
+            self._states[key] = state
+        if old != state:
+            metrics.move_job_state(old, state)

@@ -1,0 +1,68 @@
+"""The operator's Kueue reads and writes around a pass: before it, the job's WorkloadPriorityClass (to build its
+Workload) and its admission's ResourceFlavors (to place its pods), both kept in the job's memory; after it, the
+Workload status writes the plan asks for (give the quota back after an eviction, mark it Finished)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from ddpjob_operator.api.spec import DDPJob
+from ddpjob_operator.kube.client import API_VERSIONS, Kube
+from ddpjob_operator.planner.kueue import admission
+from ddpjob_operator.planner.kueue import workload as kueue
+from ddpjob_operator.planner.kueue.admission import KueueInputs, WorkloadWrite
+from ddpjob_operator.planner.observation import ChildView
+from ddpjob_operator.runtime.memory import JobMemory
+
+log = logging.getLogger("ddpjob.kueue")
+_GROUP_VERSION = API_VERSIONS[kueue.WORKLOAD]
+
+
+async def read_inputs(kube: Kube, job: DDPJob, children: Mapping[tuple[str, str], ChildView],
+                      mem: JobMemory) -> KueueInputs:
+    """What the pass of a queued job needs from the API besides its children (nothing for other jobs)."""
+    if kueue.queue_name(job) is None:
+        return KueueInputs()
+    view = admission.workload_view(job, children)
+    priority, missing = None, None
+    name = job.labels.get(kueue.PRIORITY_LABEL)
+    if name:
+        if view is None and (mem.priority is None or mem.priority[0] != name or mem.priority[1] is None):
+            obj = await kube.get_cluster_scoped(_GROUP_VERSION, "workloadpriorityclasses", name)
+            mem.priority = (name, None if obj is None else int(obj.get("value") or 0))
+        if mem.priority is not None and mem.priority[1] is not None:
+            priority = (name, mem.priority[1])
+        elif view is None:
+            missing = (f"metadata.labels[{kueue.PRIORITY_LABEL}] names WorkloadPriorityClass {name!r}, which does "
+                       "not exist (fix: create it, or remove the label); the job is not queued until it exists")
+    if view is None or not view.admitted:
+        mem.flavors = {}  # read again at the next admission: a flavor's labels may change between two
+    else:
+        for flavor in kueue.flavor_names(view):
+            if flavor not in mem.flavors:
+                obj = await kube.get_cluster_scoped(_GROUP_VERSION, "resourceflavors", flavor)
+                mem.flavors[flavor] = dict((obj or {}).get("spec") or {})
+    return KueueInputs(priority=priority, priority_missing=missing, flavors=dict(mem.flavors))
+
+
+async def write(kube: Kube, namespace: str, writes: Sequence[WorkloadWrite], now: datetime) -> None:
+    """Carry out the plan's Workload writes: read the Workload, patch its status conditionally on what was read
+    (a Workload changed meanwhile is left for the next pass)."""
+    for w in writes:
+        obj = await kube.get(_GROUP_VERSION, kueue.WORKLOAD, namespace, w.name)
+        if obj is None:
+            continue
+        if await kube.patch_workload_status(namespace, w.name, _patch(obj, w, now)):
+            done = {"clear": "quota given back", "podsready": f"PodsReady={w.succeeded}", "finish": "marked Finished"}
+            log.info("workload=%s/%s %s (%s)", namespace, w.name, done[w.op], w.reason)
+
+
+def _patch(obj: Mapping[str, Any], w: WorkloadWrite, now: datetime) -> dict[str, Any]:
+    if w.op == "clear":
+        return admission.clear_admission_patch(obj, w.reason, w.message, now)
+    if w.op == "podsready":
+        return admission.pods_ready_patch(obj, w.succeeded, w.reason, now)
+    return admission.finished_patch(obj, w.succeeded, w.message, now)

@@ -1,0 +1,82 @@
+"""What the operator remembers about one job between passes. All of it is rebuildable after a restart: losing it
+costs at most a recount that the status (countedFailures, pod labels) makes idempotent."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from datetime import datetime
+from typing import Any
+
+from ddpjob_operator.planner.observation import PodView
+from ddpjob_operator.planner.policies.children import ChildKey, Problem
+
+#: How long a pod we created may be missing from the watch-fed cache before we stop assuming it exists.
+EXPECTATION_TTL = 30.0
+#: Cap of the exponential retry backoff (seconds).
+MAX_BACKOFF = 60.0
+
+
+def backoff(attempt: int, base: float = 0.5) -> float:
+    """Exponential backoff with full jitter in its upper half: many jobs refused at once (a quota, an API outage)
+    do not retry in lockstep."""
+    ceiling = min(MAX_BACKOFF, base * 2 ** max(0, attempt))
+    return float(ceiling / 2 + random.uniform(0, ceiling / 2))
+
+
+@dataclasses.dataclass
+class JobMemory:
+    """One job's memory in this operator process."""
+
+    body: dict[str, Any]
+    resource_version: str = ""
+    """The body's resourceVersion (controller._older says when one is older)."""
+    touched: int = 0
+    """The controller's event count when a watch event or our own write last changed ``body``."""
+    restarts_floor: int = 0
+    incidents_floor: int = 0
+    expected: dict[str, tuple[PodView, float]] = dataclasses.field(default_factory=dict)
+    """Pods we created that the cache has not shown yet, by name."""
+    gone_uids: set[str] = dataclasses.field(default_factory=set)
+    """Pods we force-deleted: absent at once, whatever the cache still shows."""
+    deleted_uids: set[str] = dataclasses.field(default_factory=set)
+    """Every pod we deleted: its tombstone is our own doing, not a loss."""
+    problems: dict[ChildKey, Problem] = dataclasses.field(default_factory=dict)
+    """The API server's last answer to a create that did not succeed (conflicts, refusals)."""
+    name_taken: bool = False
+    """A create of this pass found the name taken (409)."""
+    refusals: int = 0
+    """Consecutive passes with a refused create (for the retry backoff)."""
+    errors: int = 0
+    passes: int = 0
+    """Passes completed by this process (0: the first, which may find pods lost while the operator was down)."""
+    priority: tuple[str, int | None] | None = None
+    """Kueue: the job's WorkloadPriorityClass as last read (name, value; None: it does not exist)."""
+    flavors: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
+    """Kueue: the ResourceFlavors of the job's current admission (read once per admission)."""
+    routine_since: datetime | None = None
+    """When a pass first held back a routine status change that is not written yet (status_writes)."""
+    last_valid_spec: dict[str, Any] | None = None
+    """The job's last spec that parsed (a running job goes on with it after an invalid edit)."""
+    checkpoints_seen: dict[str, object] = dataclasses.field(default_factory=dict)
+    """The checkpoint write and load already in the metrics (metrics.observe_checkpoints)."""
+
+    def take(self, body: dict[str, Any], resource_version: str, events: int) -> None:
+        """``body`` is the newest version now."""
+        self.body, self.resource_version, self.touched = body, resource_version, events
+
+    def observed_pods(self, cached: list[PodView], now: float) -> list[PodView]:
+        """The cache's pods, plus pods we created that it has not delivered yet, minus pods we force-deleted and
+        tombstones of our own deletions."""
+        pods = [p for p in cached if p.uid not in self.gone_uids and not (p.gone and p.uid in self.deleted_uids)]
+        by_name = {p.name: p for p in pods if not p.gone}
+        for name, (view, at) in list(self.expected.items()):
+            seen = by_name.get(name)
+            if (seen is not None and seen.uid == view.uid) or now - at > EXPECTATION_TTL:
+                del self.expected[name]
+            elif seen is None:
+                pods.append(view)
+        live = {p.uid for p in cached}
+        self.gone_uids &= live
+        self.deleted_uids &= live
+        return pods

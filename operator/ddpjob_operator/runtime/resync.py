@@ -1,0 +1,124 @@
+"""The periodic resync: LIST every kind the operator watches and correct its caches with what the API server
+really has. A watch can miss events (an API server restart, a re-list after a 410, a network partition of the
+operator); without a resync a pod deleted meanwhile is never replaced. Every job also gets a pass each period,
+so anything a level-based pass would fix is fixed within one period at the latest."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from ddpjob_operator.api.names import LABEL_JOB_NAME
+from ddpjob_operator.api.spec import API_VERSION, KIND
+from ddpjob_operator.kube.client import API_VERSIONS, OPTIONAL_KINDS, Kube
+from ddpjob_operator.kube.kopf_compat import kopf_errors
+from ddpjob_operator.runtime.cache import ChildCache, Key, Listed, listed
+
+log = logging.getLogger("ddpjob.resync")
+
+#: Default seconds between two resyncs (`ddpjob operator --resync-seconds`).
+DEFAULT_RESYNC_SECONDS = 60.0
+
+
+_skipped: set[str] = set()
+
+
+def _skip_once(kind: str, err: Exception) -> None:
+    """An optional kind whose CRD is not installed (or not granted): nothing of it to list; said once."""
+    if kind not in _skipped:
+        _skipped.add(kind)
+        log.info("not listing %s (%s): its CRD is not installed or not granted; jobs that need it say so", kind, err)
+
+
+class JobSink(Protocol):
+    """What the resync feeds: the controller."""
+
+    def mark(self) -> int: ...
+
+    def job_seen(self, event_type: str | None, body: Mapping[str, Any], listed_after: int | None = None) -> None: ...
+
+    def forget_unlisted(self, listed: set[Key], mark: int, scope: Iterable[str] | None) -> None: ...
+
+    def enqueue(self, keys: Iterable[Key]) -> None: ...
+
+    def resynced(self) -> None: ...
+
+
+async def _list_children(kube: Kube, kind: str, ns: str | None) -> list[Listed]:
+    """Every child of ``kind`` in ``ns`` (all namespaces: None) as a view; raw items are dropped page by page."""
+    views: list[Listed] = []
+    async for page in kube.pages(API_VERSIONS[kind], kind, ns, LABEL_JOB_NAME):
+        views += [v for v in (listed(kind, obj) for obj in page) if v is not None]
+    return views
+
+
+async def resync_once(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: list[str]) -> int:
+    """One full resync; returns the number of jobs whose children changed. With watched namespaces, each one's
+    LIST corrects only that namespace, from the mark taken right before it (cache.py: an object a watch delivered
+    after the mark is newer than the LIST): one cut-off for all namespaces took an object created in one namespace
+    after its LIST, but before another namespace's, for deleted."""
+    scopes: list[str | None] = list(namespaces) if namespaces else [None]
+    changed: set[Key] = set()
+    for kind in API_VERSIONS:
+        for ns in scopes:
+            mark = cache.mark()
+            try:
+                views = await _list_children(kube, kind, ns)
+            except (kopf_errors.APINotFoundError, kopf_errors.APIForbiddenError) as err:
+                if kind not in OPTIONAL_KINDS:
+                    raise
+                _skip_once(kind, err)
+                break
+            changed |= cache.resync(kind, views, mark, None if ns is None else [ns])
+    for ns in scopes:
+        jobs: set[Key] = set()
+        mark = sink.mark()
+        async for page in kube.pages(API_VERSION, KIND, ns, ""):
+            for body in page:  # learn missed jobs and pass every job, one page of bodies at a time
+                meta = body.get("metadata") or {}
+                jobs.add((str(meta.get("namespace") or ""), str(meta.get("name") or "")))
+                sink.job_seen("RESYNC", body, listed_after=mark)
+        sink.forget_unlisted(jobs, mark, None if ns is None else [ns])
+    sink.resynced()
+    sink.enqueue(changed)
+    return len(changed)
+
+
+async def sync_then_resync(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: list[str], period: float,
+                           synced: asyncio.Event) -> None:
+    """The initial full LIST (retried until it succeeds), then ``synced`` is set, then a resync every ``period``
+    seconds (none when 0). No pass may run before ``synced``: a pass over a half-filled cache would see children
+    missing that exist (spurious ChildRecreated Events) and could not tell a pod lost while the operator was down
+    from one not listed yet."""
+    attempt = 0
+    while not synced.is_set():
+        try:
+            await resync_once(kube, cache, sink, namespaces)
+            synced.set()
+            log.info("initial sync done: every watched kind listed")
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            attempt += 1
+            wait = min(30.0, 0.5 * 2**attempt)
+            log.warning("initial sync failed, retrying in %.0fs: %r", wait, err)
+            await asyncio.sleep(wait)
+    if period > 0:
+        await resync_forever(kube, cache, sink, namespaces, period)
+
+
+async def resync_forever(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: list[str],
+                         period: float) -> None:
+    """Resync every ``period`` seconds until cancelled; an error is logged and the next period tries again."""
+    while True:
+        await asyncio.sleep(period)
+        try:
+            n = await resync_once(kube, cache, sink, namespaces)
+            if n:
+                log.info("resync: the watches had missed changes of %d job(s); corrected", n)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # the next period retries; a resync must never take the operator down
+            log.warning("resync failed, retrying in %.0fs: %r", period, err)
