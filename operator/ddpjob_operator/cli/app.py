@@ -63,10 +63,8 @@ def operator(
     # operator never passes it: ~10 MB of RSS (66 -> 56 MB after importing the handlers). The operator image does
     # not install it; a dev venv does (the tests use it), and the operator must behave and measure the same there.
     sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
-    from ddpjob_operator.planner.children import inject
     from ddpjob_operator.runtime.main import run_operator  # imported late: `ddpjob run` needs no kopf start-up
 
-    inject.configure(runtime_image)
     try:
         ratelimit.configure(api_qps, api_burst)
     except ValueError as err:
@@ -83,7 +81,7 @@ def operator(
                             name=leader_election_lease, timing=timing)
 
     raise typer.Exit(run_operator(namespaces=namespace or [], metrics_port=metrics_port, liveness_port=liveness_port,
-                                  resync_seconds=resync_seconds, election=election))
+                                  resync_seconds=resync_seconds, election=election, runtime_image=runtime_image))
 
 
 @app.command()

@@ -17,7 +17,7 @@ from ddpjob_operator.api import names
 from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
 from ddpjob_operator.planner import open_incident
 from ddpjob_operator.planner import status as st
-from ddpjob_operator.planner.children import builders
+from ddpjob_operator.planner.children import builders, inject
 from ddpjob_operator.planner.conditions import aux_conditions
 from ddpjob_operator.planner.kueue import admission
 from ddpjob_operator.planner.kueue import workload as kueue
@@ -80,6 +80,7 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
         if edit.action == "hold" or edit.job is None:
             return _hold_invalid(result, old, edits.condition(err, edit), generation, now)
         job = edit.job
+    job = inject.with_operator_image(job, observed.runtime_image)
     result.job = job
     ps = begin(job, old, observed, now, generation)
     ps.aux.append(edits.condition(result.invalid, edit))

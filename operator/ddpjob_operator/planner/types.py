@@ -80,6 +80,9 @@ class Observed:
     """How long a routine status change may wait for the next write (longer while the operator is busy)."""
     kueue: KueueInputs = dataclasses.field(default_factory=KueueInputs)
     """A queued job's priority class and admitted flavors, as the controller read them."""
+    runtime_image: str = ""
+    """The operator's ``--runtime-image``: the injected runtime's and the rendezvous pod's image of every job that
+    names none itself (spec.runtime.image)."""
     last_valid_spec: Mapping[str, Any] | None = None
     """The last spec of this job that this operator process accepted: a running job goes on with it after an
     invalid edit (policies/edits.py)."""

@@ -97,6 +97,7 @@ class Controller:
         self.kube: Kube | None = None
         self.namespaces: list[str] = []
         self.resync_seconds = resync.DEFAULT_RESYNC_SECONDS
+        self.runtime_image = ""  # ddpjob operator --runtime-image; empty: inject.DEFAULT_RUNTIME_IMAGE
         self._workers: list[asyncio.Task[None]] = []
         self._synced: asyncio.Event | None = None
         self._events = 0  # job watch events and status writes so far: marks for the resync (job_seen)
@@ -244,6 +245,7 @@ class Controller:
             deleted=frozenset(mem.deleted_uids),
             routine_wait=status_writes.interval(len(self.queue), WORKERS),
             kueue=await self._kueue_inputs(body, key, mem), last_valid_spec=mem.last_valid_spec,
+            runtime_image=self.runtime_image,
         )
         plan = planner.plan(body, observed, now)
         if plan.job is not None and plan.invalid is None:

@@ -34,9 +34,10 @@ class Election:
 
 
 def run_operator(namespaces: list[str], metrics_port: int, liveness_port: int, resync_seconds: float,
-                 election: Election | None = None) -> int:
+                 election: Election | None = None, runtime_image: str = "") -> int:
     """Run the operator until SIGINT/SIGTERM against the current kubeconfig or in-cluster config; with
-    ``election``, only while this replica holds the leader Lease."""
+    ``election``, only while this replica holds the leader Lease. ``runtime_image``: the injected runtime's image
+    for jobs that name none (empty: what `make images` builds)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # kopf logs one line per handled watch event at INFO; at 500 jobs that drowns the operator's own lines.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -44,6 +45,7 @@ def run_operator(namespaces: list[str], metrics_port: int, liveness_port: int, r
 
     handlers.controller.namespaces = list(namespaces)
     handlers.controller.resync_seconds = resync_seconds
+    handlers.controller.runtime_image = runtime_image
 
     metrics.serve(metrics_port)
     liveness = f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None

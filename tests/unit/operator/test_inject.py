@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
 from ddpjob_operator.planner.children import builders, inject
+from ddpjob_operator.planner.plan import Observed, plan
 
-from tests.unit.operator.factories import make_job
+from tests.unit.operator.factories import at, make_job
 
 pytestmark = pytest.mark.unit
 Obj = dict[str, Any]
@@ -69,19 +70,26 @@ def test_image_mode_keeps_the_container_as_written() -> None:
     assert all(v["name"] != "ddpjob-runtime" for v in pod["spec"]["volumes"])
 
 
-def test_runtime_image_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
-    job = parse_ddpjob(make_job().obj())
-    monkeypatch.delenv(inject.RUNTIME_IMAGE_ENV, raising=False)
-    assert inject.runtime_image(job) == "ddpjob-runtime:dev"
-    monkeypatch.setenv(inject.RUNTIME_IMAGE_ENV, "env/rt:2")
-    assert inject.runtime_image(job) == "env/rt:2"
-    inject.configure("flag/rt:3")
-    try:
-        assert inject.runtime_image(job) == "flag/rt:3"
-        own = parse_ddpjob(make_job().with_spec(runtime={"image": "own/rt:4"}).obj())
-        assert inject.runtime_image(own) == "own/rt:4"
-    finally:
-        inject.configure(None)
+def images(p: Any) -> set[str]:
+    """Every runtime image in a plan's pods: the init containers' and the rendezvous pod's."""
+    found = set()
+    for pod in p.create_pods:
+        spec = pod["spec"]
+        found |= {c["image"] for c in spec.get("initContainers") or []}
+        if pod["metadata"]["labels"].get("ddpjob.io/replica-type") == "rendezvous":
+            found |= {c["image"] for c in spec["containers"]}
+    return found
+
+
+def test_runtime_image_precedence() -> None:
+    """The job's own spec.runtime.image, else the operator's --runtime-image (data in the observation, never a
+    process global: a pass depends only on what it is given), else what `make images` builds."""
+    body = make_job().obj()
+    assert images(plan(body, Observed(), at(0))) == {"ddpjob-runtime:dev"}
+    assert images(plan(body, Observed(runtime_image="flag/rt:3"), at(0))) == {"flag/rt:3"}
+    own = make_job().with_spec(runtime={"image": "own/rt:4"}).obj()
+    assert images(plan(own, Observed(runtime_image="flag/rt:3"), at(0))) == {"own/rt:4"}
+    assert inject.runtime_image(parse_ddpjob(body)) == "ddpjob-runtime:dev"
 
 
 @pytest.mark.parametrize(("container", "words"), [

@@ -6,7 +6,6 @@ Pure, like the builders that call it."""
 from __future__ import annotations
 
 import copy
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,22 +24,24 @@ Obj = dict[str, Any]
 
 #: What `make images` builds; the chart sets the operator's --runtime-image (env DDPJOB_RUNTIME_IMAGE) to its own.
 DEFAULT_RUNTIME_IMAGE = "ddpjob-runtime:dev"
-RUNTIME_IMAGE_ENV = "DDPJOB_RUNTIME_IMAGE"
 #: cp of ~1 MB of Python files: the smallest requests the schedulers honour, a limit for a quota that needs one.
 INIT_RESOURCES = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}}
 
-_configured: str | None = None
 
 
-def configure(image: str | None) -> None:
-    """Set the operator-wide runtime image (``ddpjob operator --runtime-image``)."""
-    global _configured
-    _configured = image or None
+def with_operator_image(job: DDPJob, image: str) -> DDPJob:
+    """The job as the builders see it: its own spec.runtime.image, else the operator's ``--runtime-image`` (data
+    the controller passes in, not a process global, so a pass depends only on what it is given)."""
+    if job.spec.runtime.image or not image:
+        return job
+    runtime = job.spec.runtime.model_copy(update={"image": image})
+    return job.model_copy(update={"spec": job.spec.model_copy(update={"runtime": runtime})})
 
 
 def runtime_image(job: DDPJob) -> str:
-    """The job's runtime image: its own spec.runtime.image, else the operator's."""
-    return job.spec.runtime.image or _configured or os.environ.get(RUNTIME_IMAGE_ENV) or DEFAULT_RUNTIME_IMAGE
+    """The job's runtime image: spec.runtime.image (with_operator_image fills it in), else what `make images`
+    builds."""
+    return job.spec.runtime.image or DEFAULT_RUNTIME_IMAGE
 
 
 def bootstrap_python(command: Sequence[str]) -> str:
