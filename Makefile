@@ -17,6 +17,9 @@ help: ## Show this help
 # and prints them as a table at the end, whatever the outcome.
 TIMINGS ?= $(CURDIR)/.out/timings.tsv
 TIMED := bash hack/timed.sh
+# import-linter's CLI (the .importlinter contracts) through the venv's python: its console script lives in the
+# shared dependency venv, not in .venv/bin.
+LINT_IMPORTS = $(PY) -c 'import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())' --no-cache
 
 .PHONY: venv
 venv: ## Create .venv and install ddpjob with dev extras (idempotent)
@@ -36,6 +39,7 @@ test: ## Run every test: lint, types, unit, integration, then the e2e tier on a 
 .PHONY: test-fast
 test-fast: venv tools ## Run lint, type checks, unit and integration tests (no root, no Docker)
 	$(TIMED) lint $(PY) -m ruff check operator worker tests bench
+	$(TIMED) layers $(LINT_IMPORTS)
 	$(TIMED) types $(PY) -m mypy
 	$(TIMED) pytest $(PY) -m pytest tests -m "not e2e" -q -n 2 --dist loadgroup
 
@@ -44,8 +48,9 @@ unit: venv ## Run the unit tests only
 	$(PY) -m pytest tests -m unit -q
 
 .PHONY: lint
-lint: venv ## ruff and mypy
+lint: venv ## ruff, the operator's layer contracts (.importlinter; docs/architecture.md) and mypy
 	$(PY) -m ruff check operator worker tests bench
+	$(LINT_IMPORTS)
 	$(PY) -m mypy
 
 .PHONY: cluster-up
