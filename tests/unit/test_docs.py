@@ -132,3 +132,19 @@ def test_the_rbac_tables_are_the_operators_permissions() -> None:
     every = {**PERMISSIONS, **CLUSTER_PERMISSIONS}
     granted = {resource: tuple(sorted(verbs)) for (_, resource), verbs in every.items()}
     assert documented == granted
+
+
+def test_the_reasons_table_is_api_reasons() -> None:
+    """docs/api.md's "Reasons" table lists exactly the constants of api/reasons.py, each once."""
+    from ddpjob_operator.api import reasons
+
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    start = text.index("\n### Reasons\n") + len("\n### Reasons\n")
+    end = re.compile(r"^##+ ", re.M).search(text, start)
+    rows = [m[1] for line in text[start:end.start() if end else None].splitlines()
+            if (m := re.match(r"^\| `(\w+)` \|", line))]
+    assert len(rows) > 50, "the Reasons table was not found"
+    constants = {value for name, value in vars(reasons).items() if name.isupper() and isinstance(value, str)}
+    assert len(rows) == len(set(rows)), f"reasons listed twice: {sorted({r for r in rows if rows.count(r) > 1})}"
+    assert set(rows) - constants == set(), "in docs/api.md's Reasons table, not in api/reasons.py"
+    assert constants - set(rows) == set(), "in api/reasons.py, not in docs/api.md's Reasons table"

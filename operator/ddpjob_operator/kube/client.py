@@ -25,6 +25,7 @@ from urllib.parse import urlencode
 import aiohttp
 import kopf
 
+from ddpjob_operator.api import reasons
 from ddpjob_operator.api.names import FIELD_MANAGER
 from ddpjob_operator.api.spec import API_VERSION, GROUP, PLURAL
 from ddpjob_operator.kube import leader, ratelimit
@@ -148,16 +149,16 @@ class Created:
 def refusal(kind: str, name: str, message: str) -> Problem:
     """A 403 on create, with a reason users can act on (PodSecurity names the fields to change)."""
     if "violates PodSecurity" in message:
-        reason, hint = "PodSecurity", "make the pod template meet the namespace's Pod Security level"
+        reason, hint = reasons.POD_SECURITY, "make the pod template meet the namespace's Pod Security level"
     elif "exceeded quota" in message:
-        reason, hint = "QuotaExceeded", "raise the namespace's ResourceQuota or lower the job's requests"
+        reason, hint = reasons.QUOTA_EXCEEDED, "raise the namespace's ResourceQuota or lower the job's requests"
     elif "failed quota" in message and "must specify" in message:
         # A quota that counts limits.cpu (say) refuses any pod without one: not a permission, a missing field.
-        reason, hint = "QuotaNeedsResources", ("set the resources the namespace's ResourceQuota names in the worker "
-                                               "template's containers (spec.rendezvous.resources for the "
-                                               "rendezvous pod)")
+        reason, hint = reasons.QUOTA_NEEDS_RESOURCES, ("set the resources the namespace's ResourceQuota names in "
+                                                       "the worker template's containers "
+                                                       "(spec.rendezvous.resources for the rendezvous pod)")
     else:
-        reason, hint = "Forbidden", "grant the operator's ServiceAccount the permission (chart RBAC)"
+        reason, hint = reasons.FORBIDDEN, "grant the operator's ServiceAccount the permission (chart RBAC)"
     return Problem(kind=kind, name=name, conflict=False, reason=reason, message=f"{message} (fix: {hint})")
 
 
@@ -264,7 +265,7 @@ class Kube:
             if obj["kind"] not in OPTIONAL_KINDS:
                 raise kopf.TemporaryError(f"create {obj['kind']} {meta['name']}: {err}", delay=5) from err
             return Created(refused=Problem(
-                kind=obj["kind"], name=meta["name"], conflict=False, reason="CRDNotInstalled",
+                kind=obj["kind"], name=meta["name"], conflict=False, reason=reasons.CRD_NOT_INSTALLED,
                 message=f"the {obj['kind']} API ({obj['apiVersion']}) is not served: its CRD is not installed (fix: "
                         f"{_INSTALL_HINTS[obj['kind']]})"))
         except (kopf_errors.APIUnprocessableEntityError, kopf_errors.APIClientError) as err:

@@ -57,7 +57,7 @@ def collect(bodies: Iterable[Mapping[str, Any]], now: datetime) -> JobStats:
             near += 1
         if state not in ACTIVE:
             continue
-        stalled += _true(status, "Stalled")
+        stalled += _true(status, st.STALLED)
         incidents = status.get("incidents") or []
         recovering += bool(incidents and incidents[-1].get("outcome") == "Recovering")
         saved = parse_time(((status.get("progress") or {}).get("lastCheckpoint") or {}).get("time"))

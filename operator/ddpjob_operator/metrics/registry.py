@@ -13,6 +13,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ddpjob_operator.metrics import jobstats
+from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.policies.failure import CAUSES
 from ddpjob_operator.planner.policies.recovery_clock import PHASES, TOTAL
 
@@ -79,7 +80,7 @@ CHECKPOINT_LOAD = Histogram(
     "ddpjob_checkpoint_load_seconds", "Seconds a job's rank 0 took to load its checkpoint when its process group "
     "started, a peer's transfer included (status.progress.start.checkpointLoadSeconds)", buckets=_CHECKPOINT_BUCKETS,
 )
-STATES = ("Created", "Running", "Restarting", "Suspended", "Succeeded", "Failed")
+STATES = (st.CREATED, st.RUNNING, st.RESTARTING, st.SUSPENDED, st.SUCCEEDED, st.FAILED)
 
 
 KUEUE_PREEMPTIONS = Counter("ddpjob_kueue_evictions", "Kueue evictions of running DDPJobs (preemption, PodsReady "

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ddpjob_operator.api import reasons
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.observation import PodView, truncate
-from ddpjob_operator.planner.policies import cannot_start, children, failure, incidents, stall, unschedulable
+from ddpjob_operator.planner.policies import cannot_start, children, incidents, stall, unschedulable
 from ddpjob_operator.planner.policies.children import ChildKey, Problem
 
 
@@ -20,24 +21,24 @@ def aux_conditions(recent: Sequence[Mapping[str, Any]], verdict: stall.Verdict |
     last = incidents.recovering(recent)
     if verdict is not None and verdict.stall is not None:
         out.append(st.Aux(st.STALLED, True, verdict.stall.reason, verdict.stall.message))
-    elif last is not None and last.get("cause") == failure.STALLED:
-        out.append(st.Aux(st.STALLED, True, "RestartedAfterStall",
+    elif last is not None and last.get("cause") == reasons.STALLED:
+        out.append(st.Aux(st.STALLED, True, reasons.RESTARTED_AFTER_STALL,
                           f"incident #{last.get('id')}: workers restarted after a stall; waiting for a step"))
     elif verdict is None:
-        out.append(st.Aux(st.STALLED, False, "NotRunning", "the job runs no pods"))
+        out.append(st.Aux(st.STALLED, False, reasons.NOT_RUNNING, "the job runs no pods"))
     else:  # shown from the start: which clock runs, and until when (or that the runtime cannot see the steps)
         out.append(st.Aux(st.STALLED, False, verdict.reason, verdict.message, show=True))
     if conflicts:
-        out.append(st.Aux(st.CHILD_CONFLICT, True, "ChildConflict", truncate("; ".join(conflicts))))
+        out.append(st.Aux(st.CHILD_CONFLICT, True, reasons.CHILD_CONFLICT, truncate("; ".join(conflicts))))
     else:
-        out.append(st.Aux(st.CHILD_CONFLICT, False, "NoConflict", "every child is controlled by this DDPJob"))
+        out.append(st.Aux(st.CHILD_CONFLICT, False, reasons.NO_CONFLICT, "every child is controlled by this DDPJob"))
     refused = children.refusals(problems)
     if refused:
         first = refused[0]
         text = f"the API server refused to create {first.kind} {first.name}: {first.message}; retrying with backoff"
         out.append(st.Aux(st.CREATE_REFUSED, True, first.reason, truncate(text)))
     else:
-        out.append(st.Aux(st.CREATE_REFUSED, False, "Created", "the API server accepted every create"))
+        out.append(st.Aux(st.CREATE_REFUSED, False, reasons.CREATED, "the API server accepted every create"))
     q = unschedulable.decide(pods, gang=gang)
     out.append(st.Aux(st.QUEUED, q.queued, q.reason, q.message))
     c = cannot_start.decide(pods)

@@ -11,7 +11,7 @@ from typing import Any
 from ddpjob_worker.redact import redact
 from ddpjob_worker.restart_request import RESTART_ANNOTATION
 
-from ddpjob_operator.api import names
+from ddpjob_operator.api import names, reasons
 from ddpjob_operator.api.spec import WORKER_CONTAINER
 from ddpjob_operator.planner.kueue.workload import WORKLOAD, WorkloadView
 
@@ -196,7 +196,7 @@ def _waiting(status: Mapping[str, Any], state: Mapping[str, Any]) -> str:
     # "PodInitializing": the init container's own reason is the one that says what is wrong.
     for init in status.get("initContainerStatuses") or []:
         blocked = (init.get("state") or {}).get("waiting") or {}
-        if blocked.get("reason") and blocked.get("reason") != "PodInitializing":
+        if blocked.get("reason") and blocked.get("reason") != reasons.POD_INITIALIZING:
             return said(blocked, "Waiting")
     waiting = state.get("waiting") or {}
     return said(waiting, "Waiting") if waiting else ""

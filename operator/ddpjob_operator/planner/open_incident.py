@@ -4,7 +4,7 @@ policies/stall_restart.py)."""
 
 from __future__ import annotations
 
-from ddpjob_operator.api import names
+from ddpjob_operator.api import names, reasons
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.children import builders
 from ddpjob_operator.planner.observation import truncate
@@ -23,7 +23,7 @@ def restart_in_place(result: Plan, ps: Pass) -> None:
     if stall_restart.unanswered(last, ps.old.get("progress") or {}, ps.now):
         uids, text = stall_restart.escalate(last, ps.workers, ps.counted, builders.claim_name(ps.job) is not None)
         ps.counted = [*ps.counted, *uids]
-        result.events.append(st.Event("Warning", "RestartInPlaceUnanswered", truncate(
+        result.events.append(st.Event("Warning", reasons.RESTART_IN_PLACE_UNANSWERED, truncate(
             f"incident #{last.get('id')} (Stalled): {text}")))
         return
     result.requeue_at(stall_restart.answer_due(last), ps.now)
@@ -55,6 +55,6 @@ def close_if_over(result: Plan, ps: Pass) -> None:
         result.recovered.append(closed)
         step = f", training at global step {progress.get('globalStep')}" if progress else ""
         clock = ", ".join(f"{k} {v:.1f}s" for k, v in phases.items())
-        result.events.append(st.Event("Normal", "IncidentRecovered", truncate(
+        result.events.append(st.Event("Normal", reasons.INCIDENT_RECOVERED, truncate(
             f"incident #{closed.get('id')} ({closed.get('cause')}) recovered in {closed.get('recoverySeconds')}s"
             f"{step}" + (f" ({clock})" if clock else ""))))

@@ -13,7 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from ddpjob_operator.api import names
+from ddpjob_operator.api import names, reasons
 from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
 from ddpjob_operator.planner import open_incident
 from ddpjob_operator.planner import status as st
@@ -105,13 +105,13 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
     if deadline.deadline_exceeded(started, policy.active_deadline_seconds, now):
         limit = policy.active_deadline_seconds
         msg = f"the job was active for more than spec.runPolicy.activeDeadlineSeconds ({limit}s)"
-        return _fail(result, ps, "DeadlineExceeded", msg)
+        return _fail(result, ps, reasons.DEADLINE_EXCEEDED, msg)
     result.requeue_at(deadline.deadline_at(started, policy.active_deadline_seconds), now)
     live = [p for p in ps.workers if not p.gone]
     if success.job_succeeded(live, job.spec.rendezvous.close_timeout_seconds, now):
         ps.completion_time = format_time(now)
         done = sum(p.phase == "Succeeded" for p in live)
-        outcome = st.Outcome(state=st.SUCCEEDED, reason="WorkersSucceeded",
+        outcome = st.Outcome(state=st.SUCCEEDED, reason=reasons.WORKERS_SUCCEEDED,
                              message=f"{done} worker(s) exited 0: training completed")
         return _finish(result, ps, outcome)
     finishing = success.any_succeeded(live)
@@ -138,7 +138,7 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     stalled = verdict.stall
     if stalled is not None and stalled.actionable and not finishing:
         if policy.on_stall == "Fail":
-            return _fail(result, ps, "ProgressDeadlineExceeded", stalled.message)
+            return _fail(result, ps, reasons.PROGRESS_DEADLINE_EXCEEDED, stalled.message)
         how = stall_restart.mode(ps.recent, job.spec.steps_visible)
         losses += stall_restart.losses(how, ps.workers, ps.counted, now, stalled.message,
                                        builders.claim_name(job) is not None)
@@ -147,18 +147,18 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
                                    backoff_limit=policy.backoff_limit)
     ps.recent, ps.count, ps.counted = decision.incidents, decision.count, decision.counted
     for incident in ps.recent:
-        if incident["id"] in decision.opened and incident["cause"] == failure.STALLED:
+        if incident["id"] in decision.opened and incident["cause"] == reasons.STALLED:
             incident["restart"] = how
     ps.restarts += sum(1 for loss, _ in decision.new_losses if loss.index is not None)
     result.new_incidents = [i["cause"] for i in ps.recent if i["id"] in decision.opened]
     _record_losses(result, ps, decision)
     if decision.permanent is not None:
         loss = decision.permanent
-        return _fail(result, ps, "PermanentExitCode", f"{loss.pod} failed permanently: {loss.detail}")
+        return _fail(result, ps, reasons.PERMANENT_EXIT_CODE, f"{loss.pod} failed permanently: {loss.detail}")
     if decision.exhausted:
         msg = (f"{ps.count} incidents exceed spec.runPolicy.backoffLimit ({policy.backoff_limit}): "
                f"{incidents.list_text(ps.recent, ps.count)}")
-        return _fail(result, ps, "BackoffLimitExceeded", msg)
+        return _fail(result, ps, reasons.BACKOFF_LIMIT_EXCEEDED, msg)
     conflicts = list(kids.conflicts)
     pod_plan = _plan_pods(ps, persisted, create=not finishing and not conflicts, quiet=quiet)
     conflicts += pod_plan.conflicts
@@ -168,7 +168,7 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     result.replacements = pod_plan.replacements
     for at in pod_plan.recheck:
         result.requeue_at(at, now)
-    result.events += [st.Event("Normal", "WorkerReplaced", f"replaced worker {r.index} "
+    result.events += [st.Event("Normal", reasons.WORKER_REPLACED, f"replaced worker {r.index} "
                                f"({'no exit code' if r.exit_code is None else f'exit code {r.exit_code}'}); "
                                f"incidents: {ps.count}") for r in pod_plan.replacements]
     if pod_plan.conflicts:  # a conflicting non-pod child already asked for this in _children
@@ -204,7 +204,7 @@ def _children(result: Plan, ps: Pass) -> children.ChildrenDecision:
         created_before=st.condition_true(ps.old, st.CREATED),
     )
     result.ensure = kids.create
-    result.events += [st.Event("Warning", "ChildRecreated", f"{what} was missing; created it again")
+    result.events += [st.Event("Warning", reasons.CHILD_RECREATED, f"{what} was missing; created it again")
                       for what in kids.missing_again]
     if kids.waiting:
         result.requeue_at(now + timedelta(seconds=RETRY_SOON_SECONDS), now)
@@ -239,7 +239,7 @@ def _plan_pods(ps: Pass, counted: Sequence[str], *, create: bool, quiet: Collect
 
 
 def _loss_event(loss: failure.Loss, incident_id: int, ps: Pass) -> st.Event:
-    reason = "RendezvousLost" if loss.index is None else "WorkerFailed"
+    reason = reasons.RENDEZVOUS_LOST if loss.index is None else reasons.WORKER_FAILED
     who = f"worker {loss.index} (pod {loss.pod})" if loss.index is not None else f"pod {loss.pod}"
     return st.Event("Warning", reason, truncate(
         f"{who}: {loss.detail}; incident #{incident_id} ({loss.cause}), "
@@ -271,14 +271,15 @@ def _state(ps: Pass, decision: incidents.Decision) -> st.Outcome:
                f"{spec.run_policy.backoff_limit}")
         return st.Outcome(state=st.RESTARTING, reason=str(last.get("cause")), message=truncate(msg))
     if n_running >= spec.replicas and rdzv_running:
-        return st.Outcome(state=st.RUNNING, reason="AllWorkersRunning", message=f"{n_running} worker(s) running")
+        return st.Outcome(state=st.RUNNING, reason=reasons.ALL_WORKERS_RUNNING,
+                          message=f"{n_running} worker(s) running")
     msg = f"{n_running}/{spec.replicas} worker(s) running"
-    return st.Outcome(state=st.CREATED, reason="WorkersStarting", message=msg)
+    return st.Outcome(state=st.CREATED, reason=reasons.WORKERS_STARTING, message=msg)
 
 
 def _suspended(result: Plan, ps: Pass) -> Plan:
     """Suspended: no pods, but the PVC, the Service and the counts stay."""
-    return _held(result, ps, "Suspended", None)
+    return _held(result, ps, reasons.SUSPENDED, None)
 
 
 def _held(result: Plan, ps: Pass, reason: str, clear_admission: str | None) -> Plan:
@@ -290,7 +291,7 @@ def _held(result: Plan, ps: Pass, reason: str, clear_admission: str | None) -> P
     live = [p for p in ps.obs.pods if p.owner_uid == ps.job.uid and not p.gone]
     result.delete_pods = [DeletePod(p.name, p.uid, p.terminated, reason)
                           for p in suspend.pods_to_delete_on_suspend(live)]
-    if reason == "Suspended":
+    if reason == reasons.SUSPENDED:
         outcome = st.Outcome(state=st.SUSPENDED, reason=reason, message="spec.runPolicy.suspend is true: pods deleted")
     else:
         queued = next(a for a in ps.aux if a.type == st.QUEUED)
@@ -333,7 +334,7 @@ def _finish_invalid(
     result: Plan, old: Mapping[str, Any], err: InvalidSpec, pods_: Sequence[PodView], gen: int, now: datetime
 ) -> Plan:
     result.invalid = err
-    outcome = st.Outcome(state=st.FAILED, reason="InvalidSpec", message=truncate(str(err)))
+    outcome = st.Outcome(state=st.FAILED, reason=reasons.INVALID_SPEC, message=truncate(str(err)))
     counts = st.Counts(
         desired=0,
         restarts=int(old.get("restarts") or 0),

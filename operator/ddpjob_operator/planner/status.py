@@ -13,24 +13,26 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from ddpjob_operator.api import reasons
 from ddpjob_operator.planner.observation import PodView, format_time
 from ddpjob_operator.planner.policies.recovery_clock import last_recovery_seconds
 
-# Condition types.
-CREATED = "Created"
+# Condition types. A type that is also a reason (Created, Suspended) is that reason's word (api/reasons.py).
+CREATED = reasons.CREATED
 RUNNING = "Running"
 RESTARTING = "Restarting"
-SUSPENDED = "Suspended"
+SUSPENDED = reasons.SUSPENDED
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 CONDITION_TYPES = (CREATED, RUNNING, RESTARTING, SUSPENDED, SUCCEEDED, FAILED)
-# Conditions beside the state: each says what blocks or threatens the job while it lasts.
-STALLED = "Stalled"
-CHILD_CONFLICT = "ChildConflict"
-CREATE_REFUSED = "CreateRefused"
-QUEUED = "Queued"
-CANNOT_START = "PodsCannotStart"
-SPEC_REJECTED = "SpecRejected"
+# Conditions beside the state: each says what blocks or threatens the job while it lasts. Each type is also the
+# reason of the Event posted when it becomes True (transition_events), so it is defined in api/reasons.py.
+STALLED = reasons.STALLED
+CHILD_CONFLICT = reasons.CHILD_CONFLICT
+CREATE_REFUSED = reasons.CREATE_REFUSED
+QUEUED = reasons.QUEUED
+CANNOT_START = reasons.PODS_CANNOT_START
+SPEC_REJECTED = reasons.SPEC_REJECTED
 AUX_TYPES = (STALLED, CHILD_CONFLICT, CREATE_REFUSED, QUEUED, CANNOT_START, SPEC_REJECTED)
 
 OWN_KEYS = (
@@ -161,11 +163,11 @@ def _conditions(
             put(ctype, False, reason, message)
 
     state, reason = outcome.state, outcome.reason
-    if reason != "InvalidSpec":  # an invalid job never had anything created
-        put(CREATED, True, "JobCreated", "the operator accepted the DDPJob and manages its pods")
+    if reason != reasons.INVALID_SPEC:  # an invalid job never had anything created
+        put(CREATED, True, reasons.JOB_CREATED, "the operator accepted the DDPJob and manages its pods")
     if state == RUNNING:
         put(RUNNING, True, reason, msg)
-        clear(RESTARTING, "WorkersRecovered", "all workers are running again")
+        clear(RESTARTING, reasons.WORKERS_RECOVERED, "all workers are running again")
     elif state == CREATED:
         put(RUNNING, False, reason, msg)
     elif state == RESTARTING:
@@ -183,7 +185,7 @@ def _conditions(
         clear(RUNNING, reason, msg)
         clear(RESTARTING, reason, msg)
     if state != SUSPENDED:
-        clear(SUSPENDED, "Resumed", "the job was resumed")
+        clear(SUSPENDED, reasons.RESUMED, "the job was resumed")
     for cond in aux:
         if cond.status or cond.show:
             put(cond.type, cond.status, cond.reason, cond.message)

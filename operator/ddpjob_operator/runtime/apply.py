@@ -11,6 +11,7 @@ from typing import Any
 
 from ddpjob_worker.restart_request import RESTART_ANNOTATION
 
+from ddpjob_operator.api import reasons
 from ddpjob_operator.api.names import LABEL_REPLICA_TYPE, TYPE_RENDEZVOUS
 from ddpjob_operator.api.spec import DDPJob
 from ddpjob_operator.kube.client import OPTIONAL_KINDS, Created, Kube, adopt
@@ -43,7 +44,7 @@ def _answer(job: DDPJob, obj: Obj, result: Created) -> Problem | None:
     view = ChildView.from_object(result.existing, kind)
     if children.is_ours(view, job.uid, job.name, job.spec.checkpoint.keeps_created_claim) or view.deleting:
         return None
-    return Problem(kind=kind, name=name, conflict=True, reason="ChildConflict",
+    return Problem(kind=kind, name=name, conflict=True, reason=reasons.CHILD_CONFLICT,
                    message=children.conflict_text(kind, name, view.owner_uid))
 
 

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import kopf
 
+from ddpjob_operator.api import reasons
 from ddpjob_operator.api.spec import QUEUE_LABEL, InvalidSpec, parse_ddpjob
 from ddpjob_operator.kube import podwatch
 from ddpjob_operator.kube.client import Kube, NamespaceTerminating, Rejected
@@ -315,7 +316,7 @@ class Controller:
     def _rejected_plan(self, body: Mapping[str, Any], plan: planner.Plan, err: Rejected, now: datetime) -> planner.Plan:
         """The API server refused a child built from the template: fail the job with its explanation."""
         old = body.get("status") or {}
-        reason = "InvalidPodTemplate" if err.kind == "Pod" else "ChildRejected"
+        reason = reasons.INVALID_POD_TEMPLATE if err.kind == "Pod" else reasons.CHILD_REJECTED
         outcome = st.Outcome(state=st.FAILED, reason=reason, message=truncate(f"the API server rejected {err}"))
         counts = st.Counts(
             desired=plan.job.spec.replicas if plan.job else 0,

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.policies import recovery_clock as recovery
 from ddpjob_operator.views import facts
 
@@ -15,7 +16,7 @@ Obj = Mapping[str, Any]
 #: The recovery phases in the order a recovery goes through them.
 PHASE_ORDER = recovery.PHASES
 #: Conditions shown, in this order (the others follow).
-CONDITION_ORDER = ("Created", "Queued", "Running", "Stalled", "Succeeded", "Failed", "Suspended")
+CONDITION_ORDER = (st.CREATED, st.QUEUED, st.RUNNING, st.STALLED, st.SUCCEEDED, st.FAILED, st.SUSPENDED)
 
 
 def _line(label: str, value: str) -> str:
@@ -70,7 +71,7 @@ def _checkpoint(status: Obj, now: datetime) -> str:
 
 def _queue(status: Obj) -> str:
     for cond in status.get("conditions") or []:
-        if cond.get("type") == "Queued":
+        if cond.get("type") == st.QUEUED:
             waiting = "waiting" if cond.get("status") == "True" else "not waiting"
             return f"{waiting}{_why(cond.get('reason'), cond.get('message'))}"
     return "-"

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from ddpjob_operator.api import reasons
 from ddpjob_operator.views import facts
 
 Obj = Mapping[str, Any]
@@ -45,7 +46,9 @@ class Timeline:
 def _resumes(events: Sequence[Obj]) -> dict[int, tuple[datetime | None, int]]:
     out: dict[int, tuple[datetime | None, int]] = {}
     for event in events:
-        if event.get("reason") == "IncidentRecovered" and (m := _RESUMED.search(str(event.get("message") or ""))):
+        if event.get("reason") != reasons.INCIDENT_RECOVERED:
+            continue
+        if m := _RESUMED.search(str(event.get("message") or "")):
             out[int(m.group(1))] = (facts.event_time(event), int(m.group(2)))
     return out
 
@@ -94,8 +97,9 @@ def timeline(job: Obj, events: Sequence[Obj], now: datetime,
 
 
 #: One colour per cause, so the same failure looks the same across reports.
-COLOURS = {"WorkerFailed": "tab:red", "OOMKilled": "tab:purple", "PodDeleted": "tab:orange",
-           "PodEvicted": "tab:brown", "NodeLost": "tab:pink", "RendezvousLost": "tab:olive", "Stalled": "tab:gray"}
+COLOURS = {reasons.WORKER_FAILED: "tab:red", reasons.OOM_KILLED: "tab:purple", reasons.POD_DELETED: "tab:orange",
+           reasons.POD_EVICTED: "tab:brown", reasons.NODE_LOST: "tab:pink", reasons.RENDEZVOUS_LOST: "tab:olive",
+           reasons.STALLED: "tab:gray"}
 
 
 def draw(tl: Timeline, path: Path) -> None:

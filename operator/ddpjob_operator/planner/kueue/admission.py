@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from ddpjob_operator.api import names
+from ddpjob_operator.api import names, reasons
 from ddpjob_operator.api.spec import DDPJob
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.children import builders
@@ -20,7 +20,12 @@ from ddpjob_operator.planner.kueue.workload import Placement, WorkloadView
 from ddpjob_operator.planner.observation import ChildView, PodView, parse_time, truncate
 
 Obj = dict[str, Any]
-ADMITTED = "Admitted"
+#: The Admitted condition of a queued job: its type is also its reason (api/reasons.py).
+ADMITTED = reasons.ADMITTED
+
+# The Workload's conditions are Kueue's API: the operator writes them in Kueue's own words, as Kueue's jobframework
+# does (api/reasons.py names them): its Finished reason is the job's end (Succeeded or Failed), its Requeued reason
+# the eviction's.
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -113,7 +118,7 @@ def pods_ready(job: DDPJob, view: WorkloadView | None, state: str) -> list[Workl
     ready = state == st.RUNNING or (old is not None and old.status)
     if old is not None and old.status == ready:
         return []
-    reason = "Started" if ready else "WaitForStart"
+    reason = reasons.STARTED if ready else reasons.WAIT_FOR_START
     return [WorkloadWrite(kueue.workload_name(job), "podsready", reason, "", ready)]
 
 
@@ -121,7 +126,7 @@ def finish(job: DDPJob, view: WorkloadView | None, succeeded: bool, message: str
     """Mark the Workload Finished when the job ends (Kueue releases its quota)."""
     if kueue.queue_name(job) is None or view is None or view.true("Finished"):
         return []
-    return [WorkloadWrite(kueue.workload_name(job), "finish", "Succeeded" if succeeded else "Failed", message,
+    return [WorkloadWrite(kueue.workload_name(job), "finish", st.SUCCEEDED if succeeded else st.FAILED, message,
                           succeeded)]
 
 
@@ -137,8 +142,8 @@ def transitions(old: Mapping[str, Any], new: Mapping[str, Any], now: datetime) -
         since = parse_time(was.get("lastTransitionTime"))
         waited = (now - since).total_seconds() if since is not None else None
     evicted = None
-    if cond is not None and cond.get("status") == "True" and cond.get("reason") == gating.PREEMPTED and not (
-            was is not None and was.get("status") == "True" and was.get("reason") == gating.PREEMPTED):
+    if cond is not None and cond.get("status") == "True" and cond.get("reason") == reasons.PREEMPTED and not (
+            was is not None and was.get("status") == "True" and was.get("reason") == reasons.PREEMPTED):
         match = _EVICTED.match(str(cond.get("message") or ""))
         evicted = match[1] if match else "Unknown"
     return waited, evicted
@@ -159,11 +164,11 @@ def clear_admission_patch(obj: Mapping[str, Any], reason: str, message: str, now
     """Gives an evicted Workload's quota back once no pod of the job is active, as jobframework does
     (UnsetQuotaReservationWithCondition + SetRequeuedCondition): admission removed, QuotaReserved and Admitted
     False, Requeued True for a preemption, PodsReady False (admitted again, the job must start again in time)."""
-    changes = [("QuotaReserved", False, "Pending", message),
-               ("Admitted", False, "NoReservation", "The workload has no reservation"),
-               ("Requeued", reason in ("Preempted", "NodeFailures"), reason, message)]
+    changes = [("QuotaReserved", False, reasons.PENDING, message),
+               ("Admitted", False, reasons.NO_RESERVATION, "The workload has no reservation"),
+               ("Requeued", reason in (reasons.PREEMPTED, reasons.NODE_FAILURES), reason, message)]
     if any(c.get("type") == "PodsReady" for c in (obj.get("status") or {}).get("conditions") or []):
-        changes.append(("PodsReady", False, "WaitForStart", "Not all pods are ready or succeeded"))
+        changes.append(("PodsReady", False, reasons.WAIT_FOR_START, "Not all pods are ready or succeeded"))
     patch = _conditions(obj, changes, now)
     patch["status"]["admission"] = None
     return patch
@@ -178,4 +183,4 @@ def pods_ready_patch(obj: Mapping[str, Any], ready: bool, reason: str, now: date
 
 def finished_patch(obj: Mapping[str, Any], succeeded: bool, message: str, now: datetime) -> Obj:
     """Marks a Workload Finished (Kueue then releases its quota and leaves it alone)."""
-    return _conditions(obj, [("Finished", True, "Succeeded" if succeeded else "Failed", message)], now)
+    return _conditions(obj, [("Finished", True, st.SUCCEEDED if succeeded else st.FAILED, message)], now)

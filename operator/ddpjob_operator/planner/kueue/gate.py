@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ddpjob_operator.api import reasons
 from ddpjob_operator.planner.kueue.workload import WorkloadView
-
-#: The Queued reason of an evicted job (the eviction's own reason is in the message).
-PREEMPTED = "Preempted"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -33,27 +31,28 @@ def decide(workload: str, queue: str, view: WorkloadView | None, *, pods_active:
     """The gate of a job in LocalQueue ``queue`` whose Workload ``workload`` looks like ``view`` (None: it does not
     exist, or is being deleted)."""
     if priority_missing is not None:
-        return Gate(False, "PriorityClassNotFound", priority_missing)
+        return Gate(False, reasons.PRIORITY_CLASS_NOT_FOUND, priority_missing)
     if view is None:
-        return Gate(False, "WorkloadCreated", f"waiting for Kueue: Workload {workload} created in LocalQueue "
+        return Gate(False, reasons.WORKLOAD_CREATED, f"waiting for Kueue: Workload {workload} created in LocalQueue "
                     f"{queue}{'; its pods were stopped' if pods_active else ''}")
     evicted = view.conditions.get("Evicted")
     if evicted is not None and evicted.status:
         holding = view.cluster_queue is not None or view.true("QuotaReserved")
         then = ("stopping its pods (each worker checkpoints on SIGTERM)" if pods_active
                 else "waiting to be admitted again")
-        return Gate(False, PREEMPTED, f"evicted by Kueue ({evicted.reason}): {evicted.message}; {then}",
+        return Gate(False, reasons.PREEMPTED,  # the eviction's own reason is in the message
+                    f"evicted by Kueue ({evicted.reason}): {evicted.message}; {then}",
                     clear_admission=evicted.reason if holding and not pods_active else None)
     if view.true("Finished"):
         finished = view.conditions["Finished"]
-        return Gate(False, "WorkloadFinished", f"Workload {workload} is Finished ({finished.reason}: "
+        return Gate(False, reasons.WORKLOAD_FINISHED, f"Workload {workload} is Finished ({finished.reason}: "
                     f"{finished.message}); delete it to queue the job again")
     if view.admitted:
-        return Gate(True, "Admitted", f"admitted by Kueue: Workload {workload}")
+        return Gate(True, reasons.ADMITTED, f"admitted by Kueue: Workload {workload}")
     reserved = view.conditions.get("QuotaReserved")
     if reserved is not None and reserved.status:
-        return Gate(False, "AdmissionChecksPending", f"quota reserved in ClusterQueue {view.cluster_queue}; "
+        return Gate(False, reasons.ADMISSION_CHECKS_PENDING, f"quota reserved in ClusterQueue {view.cluster_queue}; "
                     f"waiting for its admission checks ({view.conditions.get('Admitted', reserved).message})")
     if reserved is not None:  # Kueue's own words: no such LocalQueue, not enough quota, a stopped queue ...
-        return Gate(False, reserved.reason or "Pending", f"Kueue: {reserved.message}")
-    return Gate(False, "Pending", f"waiting for Kueue to consider Workload {workload} in LocalQueue {queue}")
+        return Gate(False, reserved.reason or reasons.PENDING, f"Kueue: {reserved.message}")
+    return Gate(False, reasons.PENDING, f"waiting for Kueue to consider Workload {workload} in LocalQueue {queue}")

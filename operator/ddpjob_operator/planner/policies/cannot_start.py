@@ -9,10 +9,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from ddpjob_operator.api import reasons
 from ddpjob_operator.planner.observation import PodView
 
 #: Waiting reasons of a container that will not start without a change (an image, a secret, a config) or that
-#: crash-loops; ContainerCreating, PodInitializing and the like are the normal way up.
+#: crash-loops; ContainerCreating, PodInitializing and the like are the normal way up. Kubernetes' words: the
+#: PodsCannotStart condition carries the first blocked pod's as its reason.
 BLOCKED_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
                    "CreateContainerConfigError", "CreateContainerError", "RunContainerError", "CrashLoopBackOff")
 
@@ -31,7 +33,7 @@ def decide(pods: Sequence[PodView]) -> CannotStart:
     blocked = sorted((p for p in pods if p.active and p.waiting.split(":", 1)[0] in BLOCKED_REASONS),
                      key=lambda p: (p.replica_type != "rendezvous", p.name))
     if not blocked:
-        return CannotStart(False, "Starting", "no pod of the job is blocked from starting")
+        return CannotStart(False, reasons.STARTING, "no pod of the job is blocked from starting")
     first = blocked[0]
     reason, _, said = first.waiting.partition(":")
     what = "the rendezvous store" if first.replica_type == "rendezvous" else f"worker image {first.image}"

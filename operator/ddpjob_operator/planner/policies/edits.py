@@ -14,6 +14,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
+from ddpjob_operator.api import reasons
 from ddpjob_operator.api.spec import DDPJob, InvalidSpec, parse_ddpjob
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.observation import PodView, truncate
@@ -48,8 +49,8 @@ def decide(body: Mapping[str, Any], old: Mapping[str, Any], pods: Sequence[PodVi
 def condition(err: InvalidSpec | None, edit: Edit | None) -> st.Aux:
     """The ``SpecRejected`` condition of this pass (False once the spec is valid again)."""
     if err is None or edit is None:
-        return st.Aux(st.SPEC_REJECTED, False, "SpecAccepted", "the current spec is valid")
+        return st.Aux(st.SPEC_REJECTED, False, reasons.SPEC_ACCEPTED, "the current spec is valid")
     goes_on = ("the job goes on with the last valid spec" if edit.action == "keep" else
                "the operator holds the job as it is (no pod created or deleted)")
-    return st.Aux(st.SPEC_REJECTED, True, "InvalidSpec",
+    return st.Aux(st.SPEC_REJECTED, True, reasons.INVALID_SPEC,
                   truncate(f"{err}; {goes_on} until the spec is fixed or the edit reverted"))

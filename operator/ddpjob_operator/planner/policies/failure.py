@@ -17,25 +17,30 @@ from ddpjob_worker import contract
 from ddpjob_worker.causes import condense
 
 from ddpjob_operator.api import names
+from ddpjob_operator.api.reasons import (
+    EVICTED,
+    NODE_LOST,
+    OOM_KILLED,
+    POD_DELETED,
+    POD_EVICTED,
+    RENDEZVOUS_LOST,
+    STALLED,
+    WORKER_FAILED,
+)
 from ddpjob_operator.api.spec import DDPJob, RunPolicy
 from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies.restart import ExitAction, restart_policy_for_exit_code
 
-# Causes: the CamelCase words users see in status.incidents[].cause, Events and metrics (a fixed set).
-WORKER_FAILED = "WorkerFailed"
-OOM_KILLED = "OOMKilled"
-POD_DELETED = "PodDeleted"
-POD_EVICTED = "PodEvicted"
-NODE_LOST = "NodeLost"
-RENDEZVOUS_LOST = "RendezvousLost"
-STALLED = "Stalled"
+#: Causes: the CamelCase words users see in status.incidents[].cause, Events and metrics (a fixed set; the words are
+#: defined in api/reasons.py, since a recovering incident's cause is the Restarting condition's reason).
 CAUSES = (WORKER_FAILED, OOM_KILLED, POD_DELETED, POD_EVICTED, NODE_LOST, RENDEZVOUS_LOST, STALLED)
 
 #: Which cause names an incident that several losses share: the one that explains the others (a lost store
 #: makes every agent exit 200; a lost node takes all its pods).
 CAUSE_PRIORITY = (NODE_LOST, RENDEZVOUS_LOST, STALLED, POD_EVICTED, POD_DELETED, OOM_KILLED, WORKER_FAILED)
 
-#: DisruptionTarget reasons (set by Kubernetes on pods it is about to delete) and what they mean here.
+#: DisruptionTarget reasons (Kubernetes', set on pods it is about to delete) and what they mean here: they only name
+#: the loss's cause, never a condition's reason.
 _DISRUPTIONS = {
     "DeletionByTaintManager": (NODE_LOST, "its node became unreachable (taint-based eviction)"),
     "EvictionByEvictionAPI": (POD_EVICTED, "evicted through the Eviction API (e.g. kubectl drain)"),
@@ -101,19 +106,22 @@ def _failed_loss(pod: PodView, policy: RunPolicy, now: datetime) -> Loss:
     """A pod in phase Failed: classified by its exit code and the kubelet's reason."""
     at = pod.finished_at or pod.deletion_requested or now
     cause_text = readable_cause(pod)
-    if pod.reason == "Evicted":
+    if pod.reason == EVICTED:  # the kubelet evicted it (node pressure)
         return Loss(pod.name, pod.uid, pod.index, POD_EVICTED, at, _join("evicted by the kubelet", cause_text))
-    if pod.reason in ("NodeLost", "NodeShutdown", "Terminated"):
+    if pod.reason in _NODE_GONE:
         return Loss(pod.name, pod.uid, pod.index, NODE_LOST, at, _join(f"node lost ({pod.reason})", cause_text))
     if pod.reason in _START_FAILURES:
         return _start_failure(pod, at)
     permanent = restart_policy_for_exit_code(pod.exit_code, policy) is ExitAction.FAIL
-    cause = OOM_KILLED if pod.reason == "OOMKilled" else WORKER_FAILED
+    cause = OOM_KILLED if pod.reason == OOM_KILLED else WORKER_FAILED  # the kernel's OOM kill, in Kubernetes' word
     head = f"{_exit_text(pod)}, OOMKilled" if cause == OOM_KILLED else _exit_text(pod)
     return Loss(pod.name, pod.uid, pod.index, cause, at, _join(head, cause_text), pod.exit_code, permanent)
 
 
-#: Container reasons of a process that never started (the runtime could not exec the command).
+#: Pod reasons (Kubernetes') of a pod whose node is gone: the node controller's NodeLost, the kubelet's graceful
+#: node shutdown (NodeShutdown, Terminated).
+_NODE_GONE = (NODE_LOST, "NodeShutdown", "Terminated")
+#: Container reasons (Kubernetes') of a process that never started (the runtime could not exec the command).
 _START_FAILURES = ("StartError", "ContainerCannotRun")
 #: What the runtime says when the command's program is not in the image.
 _NOT_FOUND = ("executable file not found", "no such file or directory")

@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
+from ddpjob_operator.api.reasons import NODE_LOST
 from ddpjob_operator.planner.observation import PodView, parse_time
-from ddpjob_operator.planner.policies.failure import NODE_LOST, Loss
+from ddpjob_operator.planner.policies.failure import Loss
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

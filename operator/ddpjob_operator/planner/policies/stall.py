@@ -27,18 +27,21 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from ddpjob_operator.api.reasons import (
+    FINISHING,
+    NO_PROGRESS_SINCE_START,
+    NOT_EXITING,
+    PODS_PENDING,
+    PROGRESS_STOPPED,
+    PROGRESSING,
+    STALL_DETECTION_OFF,
+    STARTING_UP,
+    STEPS_NOT_VISIBLE,
+)
 from ddpjob_operator.planner.observation import PodView, format_time, parse_time
 
-PODS_PENDING = "PodsPending"
-NO_PROGRESS_SINCE_START = "NoProgressSinceStart"
-PROGRESS_STOPPED = "ProgressStopped"
-NOT_EXITING = "NotExiting"
-#: Reasons of a Stalled condition that is False: what the operator is waiting for.
-PROGRESSING = "Progressing"
-STARTING_UP = "StartingUp"
-STEPS_NOT_VISIBLE = "StepsNotVisible"
-DETECTION_OFF = "StallDetectionOff"
-FINISHING = "Finishing"
+# The Stalled condition's reasons (True: a Stall's; False: a Verdict's, what the operator is waiting for) are in
+# api/reasons.py.
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -207,7 +210,8 @@ def check(status: Mapping[str, Any], workers: Sequence[PodView], rendezvous: Seq
     """The stall check of one pass. ``workers`` are the job's live worker pods; ``visible``: the worker runtime
     can count the command's steps (contract.python_target)."""
     if deadlines.progress <= 0:
-        return Verdict(None, None, DETECTION_OFF, "runPolicy.progressDeadlineSeconds is 0: stall detection is off")
+        return Verdict(None, None, STALL_DETECTION_OFF,
+                       "runPolicy.progressDeadlineSeconds is 0: stall detection is off")
     clock = read_clock(status, workers)
     if clock.group_start is None:
         return Verdict(None, None, STARTING_UP, "the job has not started")

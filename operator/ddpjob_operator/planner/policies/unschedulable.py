@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from ddpjob_operator.api import reasons
 from ddpjob_operator.planner.observation import PodView
 
 
@@ -25,12 +26,12 @@ def decide(pods: Sequence[PodView], *, gang: bool) -> Queued:
     """Queued while no live pod of the job is bound and the scheduler called at least one Unschedulable."""
     live = [p for p in pods if p.active]
     if any(p.node_name for p in live):
-        return Queued(False, "Scheduled", "the scheduler has placed the job's pods")
-    waiting = sorted((p for p in live if p.waiting.startswith("Unschedulable")), key=lambda p: p.name)
+        return Queued(False, reasons.SCHEDULED, "the scheduler has placed the job's pods")
+    waiting = sorted((p for p in live if p.waiting.startswith(reasons.UNSCHEDULABLE)), key=lambda p: p.name)
     if not waiting:
-        return Queued(False, "NotQueued", "no pod is waiting for the scheduler")
+        return Queued(False, reasons.NOT_QUEUED, "no pod is waiting for the scheduler")
     first = waiting[0]
     what = "the gang (every pod of spec.scheduling.gang's PodGroup)" if gang else "the job's pods"
-    verdict = first.waiting.removeprefix("Unschedulable").lstrip(": ") or "no reason given"
-    return Queued(True, "GangUnschedulable" if gang else "Unschedulable",
+    verdict = first.waiting.removeprefix(reasons.UNSCHEDULABLE).lstrip(": ") or "no reason given"
+    return Queued(True, reasons.GANG_UNSCHEDULABLE if gang else reasons.UNSCHEDULABLE,
                   f"no node for {what}; {len(waiting)} pod(s) unschedulable, e.g. {first.name}: {verdict}")
