@@ -88,12 +88,29 @@ ENV HOME=/home/ddpjob
 WORKDIR /home/ddpjob
 ENTRYPOINT ["ddp-worker"]
 
+# The runtime's vendored boto3, for the checkpoint object-store tier (ddpjob_worker/objectstore.py): boto3 and its
+# pure-Python dependencies (worker/vendor/requirements.txt) installed --no-deps from the wheelhouse into a directory of
+# their own, which the runtime puts first on sys.path only when an object store is configured, then pruned to what an
+# S3 client loads (worker/vendor/prune.py: botocore's models of every other AWS service go, 24 MB -> 5 MB). No
+# bytecode, like the rest of the runtime. A stage of its own: a code change does not reinstall it.
+FROM base AS runtime-vendor
+ARG PIP_ARGS=""
+RUN --mount=type=bind,source=hack/wheelhouse,target=/tmp/build/wheelhouse \
+    --mount=type=bind,source=worker/vendor,target=/tmp/build/vendor \
+    python3 -m venv /tmp/vendor-venv \
+ && PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore \
+    /tmp/vendor-venv/bin/pip install --find-links /tmp/build/wheelhouse ${PIP_ARGS} --no-deps --no-compile \
+      --target /opt/ddpjob-runtime/vendor -r /tmp/build/vendor/requirements.txt \
+ && python3 /tmp/build/vendor/prune.py /opt/ddpjob-runtime/vendor \
+ && rm -rf /tmp/vendor-venv
+
 # The injected runtime (docs/worker.md): an init container of this image copies /opt/ddpjob-runtime into the worker
 # pod, where the user's own Python and torch run it; the rendezvous pod runs bin/ddpjob-rdzv here with the base's
-# python3. Only the package's source and the two launchers: no venv, no dependencies, no bytecode (.dockerignore
+# python3. Only the package's source, the two launchers and vendor/ (above): no venv, no bytecode (.dockerignore
 # keeps __pycache__ out; the user's Python may be another minor version than this one). FROM base, not from a
-# dependency stage, so it stays the size of the base plus ~1 MB and a code change rebuilds only these layers.
+# dependency stage, so it stays the size of the base plus ~6 MB and a code change rebuilds only the last layers.
 FROM base AS runtime
+COPY --from=runtime-vendor /opt/ddpjob-runtime/vendor/ /opt/ddpjob-runtime/vendor/
 COPY worker/ddpjob_worker/ /opt/ddpjob-runtime/lib/ddpjob_worker/
 COPY worker/bin/ /opt/ddpjob-runtime/bin/
 USER 10001:10001

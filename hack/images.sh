@@ -7,6 +7,8 @@
 #   hack/images.sh            install docker.io if missing, start dockerd if none runs, build the three images
 #   hack/images.sh --e2e      the same, plus the e2e tier's plain user image ddpjob-plain:torch-<oldest supported>
 #                             (tests/e2e/images/plain/Dockerfile: python + torch + a script, nothing of ddpjob)
+#                             and its framework image ddpjob-frameworks:torch-<oldest supported> (the plain image +
+#                             transformers, accelerate, lightning and four user scripts; tests/e2e/images/frameworks)
 #   hack/images.sh --stop     stop the dockerd this script started (never one it did not start)
 #   hack/images.sh --running  exit 0 when a dockerd this script started runs (hack/e2e.sh, hack/test.sh)
 #
@@ -22,10 +24,14 @@
 #      with the versions pinned to those in .venv, into $CACHE/wheelhouse (outside the repo).
 #   5. A build context in $CACHE/image-context: the repo's git-visible files plus the wheels hardlinked into
 #      hack/wheelhouse/, then `docker build --target operator|worker` with PIP_ARGS=--no-index; the runtime target
-#      from $CACHE/runtime-context (worker/ only).
+#      from $CACHE/runtime-context (worker/ and the wheels of its vendored boto3, $CACHE/wheelhouse-runtime).
 #   6. With --e2e: `pip download torch==<version>` on the host into $CACHE/wheelhouse-torch-<version> (once per
 #      version; the version is the first word of TORCH_COMPAT_VERSIONS in hack/versions.env), a context of the
 #      Dockerfile, the tutorial script and those wheels in $CACHE/plain-context, and `docker build` of it.
+#   7. With --e2e: the framework image FROM the plain one. `pip download` of FRAMEWORKS_PINS (hack/versions.env)
+#      against that torch into $CACHE/wheelhouse-frameworks-<hash of the pins and torch version> (once; torch's own
+#      wheels are neither fetched again nor kept), a context of tests/e2e/images/frameworks/Dockerfile, the scripts
+#      of tests/e2e/scripts/frameworks/ and those wheels in $CACHE/frameworks-context, and `docker build` of it.
 # Environment: DDPJOB_CACHE (default ~/.cache/ddpjob), TAG (default dev), DOCKER (client binary),
 # DDPJOB_DOCKER_ROOT (--data-root of a dockerd this script starts: a disk with room for the ~9 GB of images and
 # build cache, or an empty directory to measure a cold build), DEBIAN_MIRROR (debootstrap's mirror; default: the
@@ -189,12 +195,27 @@ build "ddpjob-operator:$TAG" "$CACHE/build-operator.log" -t "ddpjob-operator:$AP
 build "ddpjob-worker:$TAG" "$CACHE/build-worker.log" --target worker --build-arg PIP_ARGS=--no-index "$CTX"
 # The runtime from a context of its own (worker/ only): BuildKit keeps one copy of a context directory and syncs it to
 # the paths the target uses, so a runtime build from $CTX would drop the wheels from that copy and the next operator
-# build would send all 3 GB again (~25 s instead of ~1 s).
+# build would send all 3 GB again (~25 s instead of ~1 s). Plus the few wheels of the runtime's vendored boto3
+# (worker/vendor/requirements.txt; ~17 MB, 16 of them botocore's) in its own hack/wheelhouse/: downloaded once into
+# $CACHE/wheelhouse-runtime, at the versions of .venv (the wheelhouse's constraints.txt) so the runtime carries what
+# the tests ran.
+RUNTIME_WHEELHOUSE=$CACHE/wheelhouse-runtime
+runtime_want=$(cat worker/vendor/requirements.txt "$WHEELHOUSE/constraints.txt" | sha256sum | cut -c1-16)
+if [ "$(cat "$RUNTIME_WHEELHOUSE/.stamp" 2>/dev/null)" != "$runtime_want" ]; then
+  log "downloading the runtime's vendored wheels into $RUNTIME_WHEELHOUSE"
+  rm -rf "$RUNTIME_WHEELHOUSE" && mkdir -p "$RUNTIME_WHEELHOUSE"
+  "$REPO/.venv/bin/python" -m pip download -q --progress-bar off --only-binary=:all: --no-deps \
+    -d "$RUNTIME_WHEELHOUSE" -c "$WHEELHOUSE/constraints.txt" -r worker/vendor/requirements.txt
+  echo "$runtime_want" >"$RUNTIME_WHEELHOUSE/.stamp"
+  took "runtime wheelhouse ready ($(du -sh "$RUNTIME_WHEELHOUSE" | cut -f1))"
+fi
 RUNTIME_CTX=$CACHE/runtime-context
-rm -rf "$RUNTIME_CTX" && mkdir -p "$RUNTIME_CTX"
+rm -rf "$RUNTIME_CTX" && mkdir -p "$RUNTIME_CTX/hack/wheelhouse"
 cp -a "$CTX/worker" "$CTX/.dockerignore" "$RUNTIME_CTX/"
+cp -al "$RUNTIME_WHEELHOUSE"/*.whl "$RUNTIME_CTX/hack/wheelhouse/" 2>/dev/null \
+  || cp "$RUNTIME_WHEELHOUSE"/*.whl "$RUNTIME_CTX/hack/wheelhouse/"
 build "ddpjob-runtime:$TAG" "$CACHE/build-runtime.log" -t "ddpjob-runtime:$APP_VERSION" --target runtime \
-  -f "$CTX/Dockerfile" "$RUNTIME_CTX"
+  --build-arg PIP_ARGS=--no-index -f "$CTX/Dockerfile" "$RUNTIME_CTX"
 
 # 6. The e2e tier's plain user image: torch of the oldest supported release and nothing of ours.
 if [ "$E2E" = 1 ]; then
@@ -219,5 +240,42 @@ if [ "$E2E" = 1 ]; then
   cp -al "$PLAIN_WHEELHOUSE"/*.whl "$PLAIN_CTX/wheelhouse/" 2>/dev/null || cp "$PLAIN_WHEELHOUSE"/*.whl "$PLAIN_CTX/wheelhouse/"
   build "ddpjob-plain:torch-$torch_version" "$CACHE/build-plain.log" --build-arg "TORCH_VERSION=$torch_version" \
     --build-arg PIP_ARGS=--no-index "$PLAIN_CTX"
+fi
+
+# 7. The e2e tier's framework user image: the plain image plus transformers, accelerate and lightning (pinned in
+#    hack/versions.env) and four user scripts, still nothing of ours. Its own step: it reuses section 6's torch
+#    version, wheelhouse and image, and the build() helper of step 5.
+if [ "$E2E" = 1 ]; then
+  # shellcheck disable=SC1091  # KEY=value lines only
+  frameworks_pins=$(. hack/versions.env && echo "${FRAMEWORKS_PINS:-}")
+  if [ -z "$frameworks_pins" ]; then
+    echo "images: FRAMEWORKS_PINS is missing from hack/versions.env" >&2
+    exit 1
+  fi
+  fw_key=$(echo "torch==$torch_version $frameworks_pins" | sha256sum | cut -c1-16)
+  FW_WHEELHOUSE=$CACHE/wheelhouse-frameworks-$fw_key
+  if [ ! -f "$FW_WHEELHOUSE/.complete" ]; then
+    log "downloading $frameworks_pins and their dependencies for torch $torch_version into $FW_WHEELHOUSE"
+    rm -rf "$FW_WHEELHOUSE" && mkdir -p "$FW_WHEELHOUSE"
+    # Resolved together with the plain image's torch, so that nothing needs another one. Its wheels, hard-linked in
+    # first, count as downloaded already (pip takes a file that its download directory holds) and go again after:
+    # the image has them installed, so the wheelhouse holds only what the frameworks add.
+    cp -al "$PLAIN_WHEELHOUSE"/*.whl "$FW_WHEELHOUSE/" 2>/dev/null || cp "$PLAIN_WHEELHOUSE"/*.whl "$FW_WHEELHOUSE/"
+    # shellcheck disable=SC2086  # the pins are a list of requirement specifiers
+    "$REPO/.venv/bin/python" -m pip download -q --progress-bar off --only-binary=:all: -d "$FW_WHEELHOUSE" \
+      "torch==$torch_version" $frameworks_pins
+    for whl in "$PLAIN_WHEELHOUSE"/*.whl; do rm -f "$FW_WHEELHOUSE/${whl##*/}"; done
+    echo "$frameworks_pins" >"$FW_WHEELHOUSE/pins.txt"
+    touch "$FW_WHEELHOUSE/.complete"
+    took "frameworks wheelhouse ready ($(du -sh "$FW_WHEELHOUSE" | cut -f1))"
+  fi
+  FW_CTX=$CACHE/frameworks-context
+  rm -rf "$FW_CTX" && mkdir -p "$FW_CTX/wheelhouse" "$FW_CTX/scripts"
+  cp tests/e2e/images/frameworks/Dockerfile "$FW_CTX/"
+  cp tests/e2e/scripts/frameworks/*.py "$FW_CTX/scripts/"
+  cp -al "$FW_WHEELHOUSE"/*.whl "$FW_CTX/wheelhouse/" 2>/dev/null || cp "$FW_WHEELHOUSE"/*.whl "$FW_CTX/wheelhouse/"
+  build "ddpjob-frameworks:torch-$torch_version" "$CACHE/build-frameworks.log" \
+    --build-arg "BASE_IMAGE=ddpjob-plain:torch-$torch_version" --build-arg "FRAMEWORKS_PINS=$frameworks_pins" \
+    --build-arg PIP_ARGS=--no-index "$FW_CTX"
 fi
 log "done in $(( $(date +%s) - t_start )) s"

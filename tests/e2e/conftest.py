@@ -64,7 +64,7 @@ def env(cluster: Cluster) -> Iterator[Any]:
     given = os.environ.get("KUBECONFIG")
     cluster_dir = Path(cluster.kubeconfig).resolve().parent
     local_node = (cluster_dir / "node" / "state.json").exists()
-    images = [*t.NODE_IMAGES, t.PLAIN_IMAGE]
+    images = [*t.NODE_IMAGES, t.PLAIN_IMAGE, t.FRAMEWORKS_IMAGE]
     if given and Path(given).resolve() == Path(cluster.kubeconfig).resolve() and not os.environ.get(
             "DDPJOB_E2E_IMPORT"):
         t.log(f"KUBECONFIG={given} was given: not importing images; the cluster must already have {images} "

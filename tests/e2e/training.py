@@ -39,6 +39,9 @@ def oldest_torch() -> str:
 
 #: A user's own image, nothing of ddpjob in it (tests/e2e/images/plain; built by `hack/images.sh --e2e`).
 PLAIN_IMAGE = os.environ.get("DDPJOB_E2E_PLAIN_IMAGE", f"ddpjob-plain:torch-{oldest_torch()}")
+#: The same plus transformers, accelerate, lightning and four framework scripts at /app/ (tests/e2e/images/frameworks,
+#: tests/e2e/scripts/frameworks; built by `hack/images.sh --e2e` on top of PLAIN_IMAGE).
+FRAMEWORKS_IMAGE = os.environ.get("DDPJOB_E2E_FRAMEWORKS_IMAGE", f"ddpjob-frameworks:torch-{oldest_torch()}")
 RELEASE, OPERATOR_NS = "ddpjob-operator", "ddpjob-system"
 
 # Every run trains the same model on the same data, so every faulted run must end bitwise equal to the

@@ -15,7 +15,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ddpjob_worker import causes, compat, contract, restart_request, storekeeper, warm
+from ddpjob_worker import causes, compat, contract, replication, restart_request, storekeeper, warm
 from ddpjob_worker.logs import get_logger
 from ddpjob_worker.membership import Membership
 from ddpjob_worker.storekeeper import StoreKeeper
@@ -204,6 +204,9 @@ class PodAgent(LocalElasticAgent):
         os.environ[contract.DDPJOB_RENDEZVOUS_TIME] = f"{time.time():.3f}"
         log.info("rendezvous complete: this pod is in the group (world of %d agents)",
                  worker_group.group_world_size or 0)
+        if replication.ACTIVE is not None:
+            # Before any trainer starts: every pod of the group holds the same newest complete checkpoints.
+            replication.ACTIVE.sync(worker_group)
         self._watch_membership(worker_group)
 
     def _watch_membership(self, group: WorkerGroup | None, final: bool = False) -> None:

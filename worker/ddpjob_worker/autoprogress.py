@@ -5,7 +5,10 @@ stalled while it trains, nor after it returned, while the workers exit (``progre
 
 What counts as a step: one ``step()`` of any ``torch.optim.Optimizer``, its subclasses included (Apex, DeepSpeed's
 and bitsandbytes' optimizers, and what Lightning, Accelerate and the Hugging Face Trainer step), through torch's
-global optimizer hook. A script that updates its parameters without an optimizer is not seen: it reports with
+global optimizer hook. After a resume the count goes on from the script's own step: at the first step the counter
+reads the step count the optimizer's state carries (Adam, AdamW, Adagrad, RMSprop and most others keep
+``state[param]["step"]``, restored with the checkpoint); an optimizer without one (SGD) counts from 0 in each
+process. A script that updates its parameters without an optimizer is not seen: it reports with
 ProgressReporter (docs/api.md, "Stall detection"). Once the script creates a ``ProgressReporter`` itself, its report
 owns the status and the counter sends nothing, so nothing is counted twice.
 
@@ -45,8 +48,10 @@ class StepCounter:
         self.stepped = threading.Event()
         self._clock = clock
 
-    def __call__(self, *_hook_args: Any) -> None:
+    def __call__(self, optimizer: Any = None, *_hook_args: Any) -> None:
         now = self._clock()
+        if self.first is None and optimizer is not None:
+            self.steps = resumed_step(optimizer)
         self.steps += 1
         self.last = now
         if self.first is None:
@@ -57,6 +62,20 @@ class StepCounter:
         """(steps, first step's time, last step's time), or None before the first step."""
         steps, first, last = self.steps, self.first, self.last
         return None if first is None or last is None else (steps, first, last)
+
+
+def resumed_step(optimizer: Any) -> int:
+    """The steps ``optimizer`` had taken before this process, read right after its first step here: the highest
+    ``state[param]["step"]`` less the step just taken; 0 for a fresh run or an optimizer that keeps no count."""
+    highest = 0.0
+    try:
+        for state in getattr(optimizer, "state", {}).values():
+            step = state.get("step") if isinstance(state, dict) else None
+            if step is not None:
+                highest = max(highest, float(step))
+    except (TypeError, ValueError, RuntimeError):
+        return 0  # a state this reading does not understand: count from this process's start, as before
+    return max(0, int(highest) - 1)
 
 
 class AutoReporter:
@@ -129,7 +148,7 @@ def install(environ: Mapping[str, str] | None = None) -> AutoReporter | None:
     counter = StepCounter()
 
     def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-        counter()
+        counter(optimizer)
 
     # Eager even where the optimizer step is compiled: a hook traced by dynamo would read the clock once.
     auto = AutoReporter(counter, reporter)

@@ -80,6 +80,21 @@ DDPJOB_WARM_TRAINERS = "DDPJOB_WARM_TRAINERS"
 DDPJOB_PEER_TIMEOUT_SECONDS = "DDPJOB_PEER_TIMEOUT_SECONDS"
 #: Set by the agent in a pre-started trainer's environment only: it waits for its rank before running the script.
 DDPJOB_STANDBY = "DDPJOB_STANDBY"
+#: Optional: ``1`` when the checkpoint folder is the pod's own (no claim): the agent copies what the script writes
+#: there to the job's other pods and syncs them before each group starts (ddpjob_worker.replication).
+DDPJOB_REPLICATION = "DDPJOB_REPLICATION"
+#: Optional: the port of every pod's replication server (default DEFAULT_REPLICA_PORT).
+DDPJOB_REPLICA_PORT = "DDPJOB_REPLICA_PORT"
+#: Optional: the DNS name whose records are the job's pods (its headless Service): the replicas' peers.
+DDPJOB_REPLICA_SERVICE = "DDPJOB_REPLICA_SERVICE"
+#: Optional (tests, several agents on one machine): the peers' ``host:port``, comma-separated, instead of DNS.
+DDPJOB_REPLICA_PEERS = "DDPJOB_REPLICA_PEERS"
+#: Optional: this pod's replication address as its peers reach it (default: its hostname, resolved).
+DDPJOB_REPLICA_ADDRESS = "DDPJOB_REPLICA_ADDRESS"
+#: Optional: bytes of other pods' checkpoints one pod keeps at most (spec.checkpoint.replication.maxBytes; 0: none).
+DDPJOB_REPLICA_BUDGET_BYTES = "DDPJOB_REPLICA_BUDGET_BYTES"
+#: Optional: seconds a group waits at most for its pods to agree on their checkpoints before it starts.
+DDPJOB_REPLICA_SYNC_SECONDS = "DDPJOB_REPLICA_SYNC_SECONDS"
 #: The process name (``/proc/PID/comm``) of a pre-started trainer once its imports are done and it waits for its
 #: rank; it takes the interpreter's name back when it gets one.
 STANDBY_PROCESS_NAME = "ddpjob-standby"
@@ -88,6 +103,8 @@ STANDBY_PROCESS_NAME = "ddpjob-standby"
 RECORDED_MODULE = "ddpjob_worker.recorded"
 
 DEFAULT_RDZV_PORT = 29400
+DEFAULT_REPLICA_PORT = 29401
+DEFAULT_REPLICA_SYNC_SECONDS = 300
 DEFAULT_SIGTERM_BUDGET_SECONDS = 60
 DEFAULT_CHECKPOINT_KEEP = 3
 DEFAULT_DNS_WAIT_SECONDS = 300
@@ -127,6 +144,9 @@ EXIT_RENDEZVOUS_LOST = 200
 EXIT_PEER_LOST = 201
 #: The rendezvous host did not resolve within DDPJOB_DNS_WAIT_SECONDS (is the job's headless Service there?).
 EXIT_DNS_UNRESOLVED = 202
+#: The group could not agree on its checkpoints within DDPJOB_REPLICA_SYNC_SECONDS: a pod lacked a file of the
+#: newest complete checkpoint and no pod that holds it answered (ddpjob_worker.replication.groupsync).
+EXIT_CHECKPOINT_SYNC = 203
 
 #: UID and GID the worker image runs as (Dockerfile: ``USER 10001:10001``). The operator gives worker pods this
 #: ``fsGroup`` so a checkpoint volume whose root the provisioner made root-owned is writable.
@@ -320,8 +340,8 @@ class WorkerEnv:
                 raise ContractError(f"{name} is not set: {hint}")
             return value
 
-        def integer(name: str, hint: str, minimum: int = 0) -> int:
-            raw = need(name, hint)
+        def integer(name: str, hint: str, minimum: int = 0, default: int | None = None) -> int:
+            raw = need(name, hint) if default is None else environ.get(name, "").strip() or str(default)
             try:
                 value = int(raw)
             except ValueError:
@@ -357,9 +377,8 @@ class WorkerEnv:
             raise ContractError(f"{DDPJOB_SIGTERM_BUDGET_SECONDS}={budget} must be >= 1 second")
         keep_raw = environ.get(DDPJOB_CHECKPOINT_KEEP, str(DEFAULT_CHECKPOINT_KEEP))
         if not keep_raw.isdigit() or int(keep_raw) < 1:
-            raise ContractError(
-                f"{DDPJOB_CHECKPOINT_KEEP}={keep_raw!r} must be a positive integer (spec.checkpoint.keep)"
-            )
+            raise ContractError(f"{DDPJOB_CHECKPOINT_KEEP}={keep_raw!r} must be a positive integer "
+                                "(spec.checkpoint.keep)")
         return cls(
             job_name=need(DDPJOB_NAME, op_hint),
             namespace=need(DDPJOB_NAMESPACE, op_hint),
@@ -376,5 +395,6 @@ class WorkerEnv:
             report_progress=environ.get(DDPJOB_REPORT_PROGRESS, "0") == "1",
             checkpoint_keep=int(keep_raw),
             progress_file=environ.get(DDPJOB_PROGRESS_FILE, ""),
+            peer_timeout_seconds=integer(DDPJOB_PEER_TIMEOUT_SECONDS, "0: off", default=DEFAULT_PEER_TIMEOUT_SECONDS),
             termination_log=environ.get(DDPJOB_TERMINATION_LOG, ""),
         )

@@ -21,13 +21,16 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddpjob_worker import causes, contract, termlog, warm
+from ddpjob_worker import causes, contract, replication, termlog, warm
 from ddpjob_worker.logs import get_logger
 
 log = get_logger("launch")
 
 #: Seconds the agent gives its workers between SIGTERM and SIGKILL on top of the checkpoint budget.
 SHUTDOWN_MARGIN_SECONDS = 5
+#: Seconds the agent may spend, once its workers ended, uploading complete checkpoints to the object store (the
+#: operator's grace period leaves 30 s beyond the checkpoint budget).
+FLUSH_SECONDS = 20.0
 
 
 def exit_code_for_worker(exitcode: int) -> int:
@@ -93,10 +96,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # Before the first torch import: the trainers' imports then overlap the agent's (ddpjob_worker.warm).
     warm.prestart_at_launch(argv)
-    from torch.distributed import DistNetworkError, DistStoreError
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.run import parse_args, run
 
     from ddpjob_worker import agent, compat
@@ -107,8 +106,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = shutdown_timeout(compat.requested_shutdown_timeout(args), os.environ)
     agent.install(seconds)
     compat.set_shutdown_timeout(args, seconds)
+    runtime = replication.start(os.environ)
     try:
-        run(args)  # type: ignore[no-untyped-call]
+        return _run(args, run)
+    finally:
+        if runtime is not None:
+            runtime.close(FLUSH_SECONDS)
+
+
+def _run(args: Any, run: Any) -> int:
+    """torchrun's ``run(args)``, and the container exit code of how it ended."""
+    from torch.distributed import DistNetworkError, DistStoreError
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+
+    from ddpjob_worker.replication.groupsync import SyncFailed
+
+    try:
+        run(args)
     except ChildFailedError as err:
         return child_failed(err)
     except (RendezvousError, DistNetworkError, DistStoreError) as err:
@@ -119,13 +135,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("lost the rendezvous: %s; exiting so the pod is replaced and rejoins", line)
         termlog.write_termination_log(line)
         return contract.EXIT_RENDEZVOUS_LOST
+    except SyncFailed as err:
+        line = f"{causes.condense(str(err), 400)} (exit code {contract.EXIT_CHECKPOINT_SYNC})"
+        log.error("%s; exiting so the group re-forms", line)
+        termlog.write_termination_log(line)
+        return contract.EXIT_CHECKPOINT_SYNC
     except SignalException as err:
         code = 128 + int(err.sigval)
         log.warning("agent got %s; workers were stopped, exiting %d", err.sigval.name, code)
         termlog.write_termination_log(f"agent received {err.sigval.name}; workers stopped (exit code {code})")
         return code
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,10 +9,13 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from ddpjob_worker.contract import RUNTIME_MOUNT_PATH, injected_command, python_target, training_command
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from ddpjob_worker.contract import injected_command, python_target, training_command
+from pydantic import Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
+from ddpjob_operator.api.base import DNS_SUBDOMAIN as _DNS_SUBDOMAIN
+from ddpjob_operator.api.base import Model as _Model
+from ddpjob_operator.api.checkpointing import Checkpoint
 from ddpjob_operator.api.quantity import resources_error
 
 GROUP = "ddpjob.io"
@@ -25,7 +28,6 @@ API_VERSION = f"{GROUP}/{VERSION}"
 #: a DNS label of at most 63 characters (the CRD enforces the same bound).
 MAX_NAME_LENGTH = 45
 _NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 #: What a pattern means, for messages: pydantic would print the regular expression.
 _PATTERN_WORDS = {
     _DNS_SUBDOMAIN: "must be a Kubernetes object name: lowercase letters, digits, '-' and '.', starting and ending "
@@ -39,8 +41,6 @@ _NAMED_RE = re.compile(r"^([A-Za-z][\w.\[\]/-]*): (.+)$", re.S)
 WORKER_CONTAINER = "worker"
 #: The pod volume the operator adds for checkpoints; a template may not define its own volume of that name.
 CHECKPOINT_VOLUME = "checkpoints"
-#: Paths a volume cannot be mounted at (the container runtime refuses them, or the container would break).
-_FORBIDDEN_MOUNTS = ("/", "/proc", "/sys", "/dev", "/etc", "/bin", "/lib", "/usr", "/opt/venv", RUNTIME_MOUNT_PATH)
 
 
 class InvalidSpec(ValueError):
@@ -52,59 +52,11 @@ class InvalidSpec(ValueError):
         self.message = message
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        str_strip_whitespace=True,
-    )
-
-
 class Elastic(_Model):
     """Elastic range: torchrun runs with ``--nnodes=minReplicas:maxReplicas``."""
 
     min_replicas: int = Field(ge=1, description="Fewest workers the job keeps training with.")
     max_replicas: int = Field(ge=1, description="Most workers; the scale subresource may not go above it.")
-
-
-class VolumeClaim(_Model):
-    """A PVC the operator creates for checkpoints."""
-
-    size: str = Field(default="10Gi", pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$")
-    storage_class_name: str | None = Field(default=None, pattern=_DNS_SUBDOMAIN)
-    access_modes: tuple[str, ...] = ("ReadWriteOnce",)
-
-
-class Checkpoint(_Model):
-    """Where checkpoints live: a PVC the operator creates, an existing claim, or none (emptyDir-less runs)."""
-
-    mount_path: str = Field(default="/checkpoints", pattern=r"^/")
-
-    @model_validator(mode="after")
-    def _mount(self) -> Checkpoint:
-        path = self.mount_path.rstrip("/") or "/"
-        if any(path == bad or (bad != "/" and path.startswith(bad + "/")) for bad in _FORBIDDEN_MOUNTS):
-            raise ValueError(f"mountPath: {self.mount_path!r} would hide a system or image directory; use a path of "
-                             "its own such as /checkpoints")
-        return self
-    volume_claim: VolumeClaim | None = None
-    existing_claim: str | None = Field(default=None, pattern=_DNS_SUBDOMAIN)
-    retain_on_delete: bool = Field(default=True, description="Keep the created PVC after the DDPJob is deleted.")
-    keep: int = Field(default=3, ge=1, description="How many valid checkpoints the library keeps.")
-
-    @property
-    def keeps_created_claim(self) -> bool:
-        """The operator creates the claim and keeps it after the job: it gets no ownerReference, so a DDPJob of the
-        same name takes it back (and resumes from it)."""
-        return self.volume_claim is not None and self.retain_on_delete
-
-    @model_validator(mode="after")
-    def _one_source(self) -> Checkpoint:
-        if self.volume_claim is not None and self.existing_claim is not None:
-            raise ValueError("set volumeClaim (the operator creates a PVC) or existingClaim, not both")
-        return self
 
 
 #: The rendezvous pod's resources unless spec.rendezvous.resources says otherwise: the store holds only rendezvous
@@ -389,11 +341,12 @@ def parse_ddpjob(obj: Mapping[str, Any]) -> DDPJob:
     spec = parse_spec(obj.get("spec") or {})
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
     ckpt = spec.checkpoint
-    if labels.get(QUEUE_LABEL) and ckpt.volume_claim is None and ckpt.existing_claim is None:
+    if labels.get(QUEUE_LABEL) and not ckpt.has_claim and ckpt.object_store is None:
         raise InvalidSpec("spec.checkpoint", f"a job in a Kueue queue (label {QUEUE_LABEL}) can be preempted, and "
-                          "a preemption deletes its pods with the checkpoints on their emptyDir volumes: it would "
-                          "train again from step 0. Set spec.checkpoint.volumeClaim (the operator creates a PVC) or "
-                          "existingClaim, so a preempted job resumes from its last checkpoint")
+                          "a preemption deletes all its pods with the checkpoints on their emptyDir volumes: it "
+                          "would train again from step 0. Set spec.checkpoint.objectStore (checkpoints uploaded and "
+                          "restored), volumeClaim (the operator creates a PVC) or existingClaim, so a preempted job "
+                          "resumes from its last checkpoint")
     return DDPJob(
         name=name,
         namespace=meta.get("namespace") or "default",

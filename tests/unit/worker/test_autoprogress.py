@@ -166,3 +166,34 @@ def test_install_counts_every_optimizer_step_on_rank_0(tmp_path: Any) -> None:
         auto.close()
     torch.optim.SGD([w], lr=0.1).step()
     assert auto.counter.steps == 6, "close() removes the hook"
+
+
+def test_after_a_resume_the_count_goes_on_from_the_optimizers_own_step() -> None:
+    """The script's step, not this process's: an Adam restored at step 100 reports 101 after its next step (the
+    incident's "training at global step" and `kubectl get ddpj` STEP then show the script's step)."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(2, 1)
+    first = torch.optim.AdamW(model.parameters())
+    for _ in range(100):
+        model(torch.ones(1, 2)).sum().backward()
+        first.step()
+    resumed = torch.optim.AdamW(model.parameters())
+    resumed.load_state_dict(first.state_dict())
+    counter = autoprogress.StepCounter()
+    model(torch.ones(1, 2)).sum().backward()
+    resumed.step()
+    counter(resumed, (), {})
+    assert counter.steps == 101
+    resumed.step()
+    counter(resumed, (), {})
+    assert counter.steps == 102
+
+
+def test_an_optimizer_without_a_step_count_counts_from_this_process() -> None:
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(2, 1)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    sgd.step()
+    counter = autoprogress.StepCounter()
+    counter(sgd, (), {})
+    assert counter.steps == 1

@@ -22,7 +22,7 @@ from ddpjob_operator.api.spec import (
     DDPJob,
     worker_container_index,
 )
-from ddpjob_operator.planner.children import gang, inject
+from ddpjob_operator.planner.children import gang, inject, storage
 
 Obj = dict[str, Any]
 
@@ -136,7 +136,9 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
     worker.setdefault("name", WORKER_CONTAINER)
     # No clash with the user's variables: spec.py refuses a template that sets one the contract sets.
     worker["env"] = [*(worker.get("env") or []), *({"name": k, "value": v} for k, v in env.items()),
-                     {"name": restart_request.DDPJOB_RESTART_REQUEST_FILE, "value": restart_request.REQUEST_FILE}]
+                     {"name": restart_request.DDPJOB_RESTART_REQUEST_FILE, "value": restart_request.REQUEST_FILE},
+                     *storage.storage_env(job)]
+    store_volumes, store_mounts = storage.storage_volumes(job)
     # The planner copies this message into the Failed condition; logs are the fallback when the program
     # wrote no /dev/termination-log.
     worker.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
@@ -145,6 +147,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
         *mounts,
         {"name": CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.mount_path},
         {"name": restart_request.RESTART_VOLUME, "mountPath": restart_request.RESTART_MOUNT_PATH, "readOnly": True},
+        *store_mounts,
     ]
     claim = claim_name(job)
     volume: Obj = (
@@ -155,7 +158,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
     volumes = pod_spec.get("volumes") or []  # spec.py refuses a template volume named like ours
     pod_spec.update(
         containers=containers,
-        volumes=[*volumes, volume, RESTART_REQUEST_VOLUME],
+        volumes=[*volumes, volume, RESTART_REQUEST_VOLUME, *store_volumes],
         hostname=name,
         subdomain=names.service_name(job.name),
         # The operator, not the kubelet, replaces failed workers: it must see each exit code to apply the

@@ -55,6 +55,7 @@ _EXIT_MEANING = {
     contract.EXIT_DNS_UNRESOLVED: "the rendezvous host did not resolve",
     contract.EXIT_BAD_CONTRACT: "broken environment contract",
     contract.EXIT_BAD_IMAGE: "the image cannot run the runtime",
+    contract.EXIT_CHECKPOINT_SYNC: "its pods could not agree on the newest checkpoint in time",
     137: "killed (SIGKILL)",
     143: "terminated (SIGTERM)",
 }
