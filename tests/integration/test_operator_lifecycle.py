@@ -280,3 +280,29 @@ def test_pod_stuck_terminating_on_a_not_ready_node_is_force_deleted_and_replaced
     finally:
         cluster.kubectl("annotate", "node", node, "ddpjob.test/not-ready-", check=False)
         wait_for(lambda: _node_ready(cluster, node), timeout=60, describe=f"node {node} Ready again")
+
+
+def test_a_suspended_jobs_pod_stuck_terminating_on_a_not_ready_node_is_force_deleted(
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+) -> None:
+    """A held job (suspended here; queued or evicted by Kueue the same) must not keep a pod forever: under Kueue an
+    evicted job's quota comes back only once none is left (issue 43 #8)."""
+    jobs.apply(small_job("held", 1, runPolicy={"terminatingNodeTimeoutSeconds": 2}))
+    [pod] = jobs.running("held", 1)
+    node, uid = pod["spec"]["nodeName"], pod["metadata"]["uid"]
+    jobs.annotate("held-worker-0", **{"ddpjob.test/stuck-terminating": "true"})
+    cluster.kubectl("annotate", "node", node, "ddpjob.test/not-ready=true")
+    try:
+        wait_for(lambda: not _node_ready(cluster, node), timeout=30, describe=f"node {node} NotReady")
+        cluster.kubectl("patch", "ddpjob", "held", "-n", namespace, "--type=merge",
+                        "-p", json.dumps({"spec": {"runPolicy": {"suspend": True}}}))
+
+        def gone() -> bool:
+            return not any(p["metadata"]["uid"] == uid for p in jobs.pods("held"))
+
+        wait_for(gone, timeout=60, describe="the suspended job's stuck pod force-deleted",
+                 state=lambda: jobs.describe("held") + operator.tail(30))
+        assert jobs.get("held")["status"]["state"] == "Suspended"
+    finally:
+        cluster.kubectl("annotate", "node", node, "ddpjob.test/not-ready-", check=False)
+        wait_for(lambda: _node_ready(cluster, node), timeout=60, describe=f"node {node} Ready again")

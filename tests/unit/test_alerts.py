@@ -16,11 +16,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ddpjob-operator"
 CASES = REPO / "tests" / "alerts" / "ddpjob_rules_test.yaml"
+TROUBLESHOOTING = REPO / "docs" / "troubleshooting.md"
 DASHBOARD = CHART / "files" / "ddpjob-dashboard.json"
 #: PromQL functions and keywords, and the series the rules read that the operator does not export (Prometheus' own).
 NOT_OURS = {"up", "by", "le", "sum", "max", "min", "rate", "increase", "absent", "histogram_quantile", "or", "and",
-            "label_values", "deriv", "job", "phase", "verb", "cause", "state", "code", "pod", "ddpjob_namespace",
-            "ddpjob_name"}
+            "label_values", "deriv", "time", "job", "phase", "verb", "cause", "state", "code", "pod",
+            "ddpjob_namespace", "ddpjob_name"}
 
 
 def _tool(name: str) -> Path:
@@ -82,3 +83,44 @@ def test_the_rules_and_the_dashboard_read_only_metrics_the_operator_exports(rule
     assert not missing, f"read but not exported: {sorted(missing)}"
     assert {"ddpjob_workqueue_depth", "ddpjob_api_request_duration_seconds_bucket",
             "ddpjob_checkpoint_age_max_seconds", "ddpjob_recovery_seconds_bucket"} <= read
+
+
+def _anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of a Markdown file (lower case, punctuation dropped, spaces to -)."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", markdown, flags=re.S), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_each_alert_links_its_runbook_section_of_the_troubleshooting_guide(rules: dict[str, Any]) -> None:
+    anchors = _anchors(TROUBLESHOOTING.read_text(encoding="utf-8"))
+    for rule in (r for g in rules["spec"]["groups"] for r in g["rules"] if "alert" in r):
+        url = rule["annotations"].get("runbook_url", "")
+        page, _, anchor = url.partition("#")
+        assert page.endswith("/docs/troubleshooting.md") and anchor == rule["alert"].lower(), (rule["alert"], url)
+        assert anchor in anchors, f"{rule['alert']}: no section #{anchor} in docs/troubleshooting.md"
+
+
+#: Alerts that cannot name the job, and why (the rule's comment and its runbook say so too).
+UNNAMED = {"DDPJobOperatorDown": "the operator's", "DDPJobOperatorNoLeader": "the operator's",
+           "DDPJobOperatorWorkQueueBacklog": "the operator's",
+           "DDPJobRecoverySlow": "the recovery histogram has no job label"}
+
+
+def test_an_alert_about_a_job_names_it(rules: dict[str, Any]) -> None:
+    for rule in (r for g in rules["spec"]["groups"] for r in g["rules"] if "alert" in r):
+        if rule["alert"] in UNNAMED:
+            continue
+        assert "by (ddpjob_namespace, ddpjob_name)" in rule["expr"], rule["alert"]
+        assert "$labels.ddpjob_name" in rule["annotations"]["summary"], rule["alert"]
+
+
+def test_a_panels_unit_fits_its_queries() -> None:
+    """A panel in seconds shows durations: quantiles of a _seconds histogram or a _seconds gauge, never a per-second
+    rate (the steps/s panel was in seconds)."""
+    for panel in json.loads(DASHBOARD.read_text())["panels"]:
+        if panel["fieldConfig"]["defaults"].get("unit") != "s":
+            continue
+        for expr in (t["expr"] for t in panel["targets"]):
+            duration = ("histogram_quantile" in expr and "_seconds_bucket" in expr) or \
+                re.fullmatch(r"max\(\w+_seconds\{[^}]*\}\)", expr)
+            assert duration, (panel["title"], expr)

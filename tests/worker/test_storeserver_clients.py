@@ -5,6 +5,7 @@ itself (no torch imported, SIGTERM). DDPJOB_RDZV_IMPL=torch runs the same tests 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -27,6 +28,7 @@ from tests.cluster.controlplane import free_port
 pytestmark = pytest.mark.torchrun
 
 TIMEOUT = timedelta(seconds=20)
+SCRIPTS = Path(__file__).parent / "scripts"
 
 
 class Server:
@@ -133,26 +135,17 @@ def test_a_wait_is_released_by_another_clients_set(server: Server, libuv: bool) 
 
 
 def test_many_clients_at_once(server: Server) -> None:
+    """64 torch clients connected and waiting on the same keys at once, released together by the last one's set.
+    They run in a child process (scripts/many_store_clients.py), connecting in waves of 16: torch 2.6's C++ client
+    aborted the pytest process once under load with 64 handshakes at once; a crash there is now this test's failure,
+    with the child's output and the server's state, and the waves keep the 64 connections and waits simultaneous."""
     count = 64
-    errors: list[BaseException] = []
-
-    def one(i: int) -> None:
-        try:
-            c = server.client(libuv=i % 2 == 0)
-            c.set(f"rank/{i}", str(i))
-            c.add("arrived", 1)
-            c.wait([f"rank/{j}" for j in range(count)])
-            assert c.get(f"rank/{(i + 1) % count}") == str((i + 1) % count).encode()
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors and not any(t.is_alive() for t in threads), errors[:3]
-    assert server.client().get("arrived") == str(count).encode()
+    child = subprocess.run([sys.executable, str(SCRIPTS / "many_store_clients.py"), str(server.port), str(count), "16"],
+                           capture_output=True, text=True, timeout=240, check=False)
+    said = f"exit {child.returncode}\n{child.stdout[-3000:]}\n{child.stderr[-3000:]}"
+    assert child.returncode == 0, said
+    assert server.proc.poll() is None, f"the store died: {server.log.read_text()[-2000:]}"
+    assert server.client().get("arrived") == str(count).encode(), said
 
 
 def test_a_client_killed_mid_wait_does_not_hurt_the_others(server: Server) -> None:
@@ -268,12 +261,29 @@ def test_a_frozen_store_costs_the_peer_watchs_client_its_timeout_not_more(server
     assert ours.add("k", 1) == 1
     server.proc.send_signal(signal.SIGSTOP)
     try:
+        wait_stopped(server.proc.pid)  # else the server may still answer the first call (issue 43 #17)
         started = time.monotonic()
         with pytest.raises(TimeoutError):
             ours.add("k", 1)
         with pytest.raises(TimeoutError):
             CounterClient("127.0.0.1", server.port, 1)  # the kernel accepts; the PING is never answered
-        assert time.monotonic() - started < 4
+        # Two 1 s timeouts; torch's own client would wait until the kernel drops the connection (minutes).
+        assert time.monotonic() - started < 6
     finally:
         server.proc.send_signal(signal.SIGCONT)
         ours.close()
+
+
+def wait_stopped(pid: int, timeout: float = 10) -> None:
+    """Until every thread of ``pid`` is stopped (state T in /proc/<pid>/task/*/stat): SIGSTOP returns before the
+    kernel has stopped them, and a thread that still runs may answer one more request."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = set()
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(FileNotFoundError):  # a thread that ended meanwhile
+                states.add(Path(task, "stat").read_text().rsplit(")", 1)[1].split()[0])
+        if states <= {"T", "t"}:
+            return
+        assert time.monotonic() < deadline, f"process {pid} not stopped after {timeout} s: thread states {states}"
+        time.sleep(0.01)

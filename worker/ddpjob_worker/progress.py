@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import ssl
 import threading
@@ -207,7 +208,9 @@ class ProgressReporter:
         if self.total_steps is not None:
             progress["totalSteps"] = int(self.total_steps)
         if loss is not None:
-            progress["loss"] = round(float(loss), 6)
+            # NaN or infinite (a diverged run) is no JSON: the API server would refuse every report, and the job
+            # would look stalled while it trains. null removes the field (a merge patch).
+            progress["loss"] = round(float(loss), 6) if math.isfinite(loss) else None
         if checkpoint_step is not None:
             progress["lastCheckpoint"] = {"step": checkpoint_step, "time": rfc3339(checkpoint_time)}
             if checkpoint_seconds is not None:

@@ -23,6 +23,9 @@ DDPJOB_RDZV_IMPL = "DDPJOB_RDZV_IMPL"
 #: With the torch server: ``1`` (default) for its libuv backend, ``0`` for the classic one.
 DDPJOB_RDZV_LIBUV = "DDPJOB_RDZV_LIBUV"
 IMPLS = ("python", "torch")
+#: How often serve() wakes to notice a stop (a signal's handler), and how often it logs the store's size.
+WAKE_SECONDS = 0.5
+LOG_EVERY_SECONDS = 600
 
 
 class RunningStore(Protocol):
@@ -70,9 +73,13 @@ def serve(host: str, port: int, stop: threading.Event, ready: threading.Event | 
     log.info("rendezvous store (%s server) listening on %s:%d", impl, host, store.port)
     if ready is not None:
         ready.set()
-    started = time.monotonic()
-    while not stop.wait(600):
-        log.info("rendezvous store up for %.0f min: %s", (time.monotonic() - started) / 60, store.describe())
+    started = logged = time.monotonic()
+    # Short waits: the kernel may hand SIGTERM to any thread (the server's, or torch's), and Python runs the handler
+    # that sets ``stop`` only when this thread wakes; one 600 s wait ignored a pod's deletion until SIGKILL.
+    while not stop.wait(WAKE_SECONDS):
+        if time.monotonic() - logged >= LOG_EVERY_SECONDS:
+            logged = time.monotonic()
+            log.info("rendezvous store up for %.0f min: %s", (logged - started) / 60, store.describe())
     log.info("rendezvous store stopping")
     store.close()
 

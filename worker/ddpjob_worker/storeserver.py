@@ -32,10 +32,11 @@ import enum
 import socket
 import struct
 import threading
+from collections.abc import Iterable
 from typing import Any
 
 from ddpjob_worker.logs import get_logger
-from ddpjob_worker.storestate import STOP_WAITING, KeyValueState, ProtocolError, Waiter, blob
+from ddpjob_worker.storestate import MAX_VALUE_LEN, STOP_WAITING, KeyValueState, ProtocolError, Waiter, blob
 
 log = get_logger("storeserver")
 
@@ -52,13 +53,17 @@ VALIDATION_MAGIC = 0x3C85F7CE
 READY, NOT_READY = b"\x00", b"\x01"
 WAIT_CANCELED = b"\x01"
 
-# Torch's libuv server (the default server since 2.4) refuses larger items, so no working client sends them.
+# Torch's libuv server (the default server since 2.4) refuses larger items, so no working client sends them
+# (MAX_VALUE_LEN, in storestate, too).
 MAX_KEY_LEN = 8 * 1024
-MAX_VALUE_LEN = 8 * 1024 * 1024
 MAX_KEY_COUNT = 128 * 1024
 #: Ours: all the bytes of one request, so a connection never holds more than this while a request arrives
 #: (128 Ki keys of 8 KiB would otherwise be 1 GiB).
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
+#: Ours: all the bytes of one reply. A MULTI_GET of 128 Ki keys (a 1.2 MB request) naming one 8 MiB value would
+#: otherwise build a 1 TiB reply. torchrun's largest is its rank 0 agent reading every agent's role: ~60 bytes per
+#: agent, 0.6 MB at 10,000.
+MAX_REPLY_BYTES = 64 * 1024 * 1024
 #: listen() backlog; the kernel caps it at net.core.somaxconn, the value torch's server asks for with -1.
 BACKLOG = 4096
 
@@ -146,11 +151,9 @@ async def answer(query: int, c: _Connection, r: _Request) -> bytes | None:
         case Query.APPEND:
             state.append(await r.key(), await r.value())
         case Query.MULTI_GET:
-            return b"".join(blob(state.get(k)) for k in await r.keys())
-        case Query.MULTI_SET:
-            pairs = [(await r.key(), await r.value()) for _ in range(await r.count())]
-            for key, value in pairs:  # applied once all arrived: no waiter ever sees half of a multi_set
-                state.set(key, value)
+            return capped_reply((state.get(k) for k in await r.keys()), "multi_get")
+        case Query.MULTI_SET:  # applied once all arrived: no waiter ever sees half of a multi_set
+            state.set_many([(await r.key(), await r.value()) for _ in range(await r.count())])
         case Query.CANCEL_WAIT:
             state.cancel(c.waiter)
             return WAIT_CANCELED
@@ -164,13 +167,25 @@ async def answer(query: int, c: _Connection, r: _Request) -> bytes | None:
         case Query.QUEUE_LEN:
             return _I64.pack(state.queue_len(await r.key()))
         case Query.LIST_KEYS:
-            return _I64.pack(len(state.data)) + b"".join(blob(k) for k in state.data)
+            return _I64.pack(len(state.data)) + capped_reply(state.data, "list_keys")
         case Query.BARRIER:
             key = await r.key()
             return STOP_WAITING if state.barrier(key, await r.number(_I64), c.waiter) else None
         case _:  # VALIDATE is valid only as a connection's first request
             raise ProtocolError(f"unexpected query type {query}")
     return None
+
+
+def capped_reply(items: Iterable[bytes], what: str) -> bytes:
+    """``items`` as a reply carries them, refused (the connection closed) past MAX_REPLY_BYTES, before the
+    reply is built."""
+    parts, size = [], 0
+    for item in items:
+        size += _U64.size + len(item)
+        if size > MAX_REPLY_BYTES:
+            raise ProtocolError(f"{what} reply larger than {MAX_REPLY_BYTES} bytes")
+        parts.append(blob(item))
+    return b"".join(parts)
 
 
 async def converse(conn: _Connection, reader: asyncio.StreamReader) -> None:

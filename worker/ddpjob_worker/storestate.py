@@ -9,6 +9,15 @@ from collections import deque
 from collections.abc import Callable, Iterable
 
 STOP_WAITING = b"\x00"
+#: Torch's libuv server refuses a larger value; an APPEND may not build one either.
+MAX_VALUE_LEN = 8 * 1024 * 1024
+#: What the store holds at most: keys and queued items (entries), and their bytes. torchrun's c10d rendezvous writes
+#: 2 keys per agent and round (its role and its ranks, ~180 bytes with their names) and the peer watch 1 more, so
+#: 4 Mi entries hold 100 rounds of 10,000 agents. At ~180 bytes of memory each, the rendezvous pod's default memory
+#: limit (256 MiB) binds first, after ~1.4 M entries (the store restarts empty and the agents carry on): these caps
+#: bound a store whose pod has a higher limit or none.
+MAX_ENTRIES = 4 * 1024 * 1024
+MAX_STORED_BYTES = 1024**3
 _U64 = struct.Struct("<Q")
 #: What std::stoll accepts at the start of a stored counter; anything after the digits is ignored, as there.
 _INT = re.compile(rb"\s*[+-]?\d+")
@@ -16,6 +25,11 @@ _INT = re.compile(rb"\s*[+-]?\d+")
 
 class ProtocolError(Exception):
     """The peer broke the protocol; its connection is closed, as torch's servers close it."""
+
+
+class StoreFull(ProtocolError):
+    """A write would take the store past MAX_ENTRIES or MAX_STORED_BYTES: the writer's connection is closed and
+    nothing of the request is stored."""
 
 
 class Waiter:
@@ -48,12 +62,23 @@ class KeyValueState:
     def __init__(self) -> None:
         self.data: dict[bytes, bytes] = {}
         self.queues: dict[bytes, deque[bytes]] = {}
+        #: Keys and queued items, and their bytes (keys counted once per key or queue), against the caps.
+        self.entries = 0
+        self.stored_bytes = 0
         # key -> the waiters missing it, oldest first (a dict as an ordered set: O(1) removal on cancel).
         self._waiting: dict[bytes, dict[Waiter, None]] = {}
 
     def set(self, key: bytes, value: bytes) -> None:
-        self.data[key] = value
+        self._put(key, value)
         self._wake(key)
+
+    def set_many(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        """MULTI_SET: all pairs or, past a cap, none; no waiter ever sees half of them. A key given twice is
+        written once, with its last value (what the client reads after either way)."""
+        final = dict(pairs)
+        self._check(*self._growth(final.items()))
+        for key, value in final.items():
+            self.set(key, value)
 
     def get(self, key: bytes) -> bytes:
         # Empty for a key deleted between the client's WAIT and its GET, as torch's libuv server answers.
@@ -105,12 +130,20 @@ class KeyValueState:
         waiter.missing = set()
 
     def delete(self, key: bytes) -> int:
-        return 0 if self.data.pop(key, None) is None else 1
+        old = self.data.pop(key, None)
+        if old is None:
+            return 0
+        self._release(1, len(key) + len(old))
+        return 1
 
     def append(self, key: bytes, value: bytes) -> None:
-        self.set(key, self.data.get(key, b"") + value)
+        old = self.data.get(key, b"")
+        if len(old) + len(value) > MAX_VALUE_LEN:
+            raise ProtocolError(f"append to key {key[:64]!r} would make its value larger than {MAX_VALUE_LEN} bytes")
+        self.set(key, old + value)
 
     def queue_push(self, key: bytes, value: bytes) -> None:
+        self._reserve(1, len(value) + (0 if key in self.queues else len(key)))
         self.queues.setdefault(key, deque()).append(value)
         # One item releases one waiter, the oldest: each blocking queue_pop is there for one item.
         waiters = self._waiting.get(key)
@@ -129,8 +162,10 @@ class KeyValueState:
         if not queue:
             return 0, None
         length, item = len(queue), queue.popleft()
+        self._release(1, len(item))
         if not queue:
             del self.queues[key]  # an empty queue answers like a missing one; keeping it would only cost memory
+            self._release(0, len(key))
         return length, item
 
     def queue_len(self, key: bytes) -> int:
@@ -140,13 +175,39 @@ class KeyValueState:
         """Count one arrival at ``key``; True when it completes the barrier, otherwise ``waiter`` is notified when
         a later arrival does. Arrivals do not wake waiters; only the completing one does, as in torch."""
         count = (parse_counter(self.data[key]) if key in self.data else 0) + 1
-        self.data[key] = str(count).encode()
+        self._put(key, str(count).encode())
         if count >= world_size:
             self._wake(key)
             return True
         self.cancel(waiter)
         self._register(waiter, {key})
         return False
+
+    def _growth(self, pairs: Iterable[tuple[bytes, bytes]]) -> tuple[int, int]:
+        """The entries and bytes that writing ``pairs`` (distinct keys) would add."""
+        pairs = list(pairs)
+        entries = sum(key not in self.data for key, _ in pairs)
+        size = sum(len(v) - len(self.data[k]) if k in self.data else len(k) + len(v) for k, v in pairs)
+        return entries, size
+
+    def _check(self, entries: int, size: int) -> None:
+        if self.entries + entries > MAX_ENTRIES:
+            raise StoreFull(f"the store is full: {self.entries} keys and queued items (at most {MAX_ENTRIES})")
+        if self.stored_bytes + size > MAX_STORED_BYTES:
+            raise StoreFull(f"the store is full: {self.stored_bytes} bytes stored (at most {MAX_STORED_BYTES})")
+
+    def _reserve(self, entries: int, size: int) -> None:
+        self._check(entries, size)
+        self.entries += entries
+        self.stored_bytes += size
+
+    def _release(self, entries: int, size: int) -> None:
+        self.entries -= entries
+        self.stored_bytes -= size
+
+    def _put(self, key: bytes, value: bytes) -> None:
+        self._reserve(*self._growth([(key, value)]))
+        self.data[key] = value
 
     def _register(self, waiter: Waiter, missing: Iterable[bytes]) -> None:
         waiter.missing = set(missing)

@@ -84,8 +84,11 @@ STEPS_NOT_VISIBLE = "StepsNotVisible"
 STALL_DETECTION_OFF = "StallDetectionOff"
 #: Stalled, False: rank 0's script returned; waiting for the workers to exit.
 FINISHING = "Finishing"
-#: Stalled, False: the job runs no pods (suspended, queued, finished).
+#: Stalled, False: the job runs no pods (suspended, queued).
 NOT_RUNNING = "NotRunning"
+#: Stalled, Queued, ChildConflict, CreateRefused and PodsCannotStart, False: the job finished (Succeeded or Failed),
+#: so nothing holds or threatens it any more.
+JOB_FINISHED = "JobFinished"
 
 # The Queued condition, from the scheduler (a job not in a Kueue queue, or admitted).
 
@@ -169,6 +172,8 @@ INCIDENT_RECOVERED = "IncidentRecovered"
 CHILD_RECREATED = "ChildRecreated"
 #: Event, Warning: the agents did not re-form the group after an in-place restart request; the pods are replaced.
 RESTART_IN_PLACE_UNANSWERED = "RestartInPlaceUnanswered"
+#: Event, Warning: a time in status.progress cannot be read; it is ignored (said once per job).
+PROGRESS_UNREADABLE = "ProgressUnreadable"
 #: Event, Warning: the CreateRefused condition became True (also its type).
 CREATE_REFUSED = "CreateRefused"
 #: Event, Normal: the Queued condition became True (also its type, and the job's state).

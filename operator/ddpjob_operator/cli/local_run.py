@@ -1,8 +1,8 @@
 """``ddpjob run job.yaml``: run a DDPJob manifest on this machine without Kubernetes (TorchX ``local_cwd``
 style): a rendezvous store, one torchrun agent per replica with the pods' env contract, a live view, and
 the job's result as the exit code. An agent that exits is judged by the operator's own policies (failure.py
-classifies it as it would the pod, incidents.py counts it against backoffLimit), so a job fails locally exactly
-when it would fail in a cluster."""
+classifies it as it would the pod, incidents.py counts it against backoffLimit, success.py says when the job is
+done), so a job fails or succeeds locally exactly when it would in a cluster."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from rich.table import Table
 from ddpjob_operator.api import names
 from ddpjob_operator.api.spec import RunPolicy, worker_container_index
 from ddpjob_operator.planner.observation import PodView
-from ddpjob_operator.planner.policies import failure, incidents
+from ddpjob_operator.planner.policies import failure, incidents, success
 
 
 @dataclass
@@ -42,6 +42,7 @@ class Agent:
     proc: subprocess.Popen[bytes] | None = None
     replacements: int = 0
     exit_code: int | None = None
+    finished_at: datetime | None = None
     termination_log: Path | None = None
     worker_pids: set[int] = field(default_factory=set)
 
@@ -54,16 +55,18 @@ class Agent:
         self.proc = subprocess.Popen(self.argv, env=self.env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         log.close()
-        self.exit_code = None
+        self.exit_code, self.finished_at = None, None
 
-    def as_failed_pod(self, job: str) -> PodView:
-        """This agent's exit as the pod it stands for, for the operator's failure policy."""
+    def as_pod(self, job: str) -> PodView:
+        """This agent as the pod it stands for (Running, Succeeded or Failed), for the operator's policies."""
         message = ""
-        with contextlib.suppress(OSError):
-            message = self.termination_log.read_text() if self.termination_log else ""
+        if self.exit_code:
+            with contextlib.suppress(OSError):
+                message = self.termination_log.read_text() if self.termination_log else ""
+        phase = "Running" if self.exit_code is None else "Succeeded" if self.exit_code == 0 else "Failed"
         return PodView(name=names.worker_pod_name(job, self.index), uid=f"local-{self.index}-{self.replacements}",
-                       replica_type=names.TYPE_WORKER, index=self.index, phase="Failed", exit_code=self.exit_code,
-                       termination_message=message)
+                       replica_type=names.TYPE_WORKER, index=self.index, phase=phase, exit_code=self.exit_code,
+                       termination_message=message, finished_at=self.finished_at)
 
     def poll(self) -> int | None:
         assert self.proc is not None
@@ -71,6 +74,7 @@ class Agent:
         code = self.proc.poll()
         if code is not None and self.exit_code is None:
             self.exit_code = 128 - code if code < 0 else code  # a signal -> what the kubelet would report
+            self.finished_at = datetime.now(UTC)
         return self.exit_code
 
 
@@ -183,7 +187,8 @@ def run_local(manifest: Path, workdir: Path, kill_after: float | None = None) ->
                       f"logs {workdir / 'logs'}")
         for a in agents:
             a.start(Path.cwd())
-        return _supervise(job.name, agents, spec.run_policy, progress_file, kill_after, console)
+        return _supervise(job.name, agents, Rules(spec.run_policy, rv.close_timeout_seconds), progress_file,
+                          kill_after, console)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping every process")
         return 130
@@ -207,7 +212,7 @@ class _Budget:
     def judge(self, agent: Agent) -> tuple[bool, str]:
         """(replace the agent?, what to say): counts its exit into an incident; False when the job fails."""
         now = datetime.now(UTC)
-        loss = failure.worker_loss(agent.as_failed_pod(self.job), self.policy, {}, now)
+        loss = failure.worker_loss(agent.as_pod(self.job), self.policy, {}, now)
         assert loss is not None  # an agent that exited non-zero is a failed pod
         d = incidents.attribute(self.recent, self.count, self.counted, [loss],
                                 window=self.policy.incident_window_seconds, backoff_limit=self.policy.backoff_limit)
@@ -222,29 +227,58 @@ class _Budget:
                       f"backoffLimit {self.policy.backoff_limit}: replacing it")
 
 
-def _supervise(name: str, agents: list[Agent], policy: RunPolicy, progress_file: Path, kill_after: float | None,
+@dataclass(frozen=True)
+class Rules:
+    """What the operator's policies need of the job's spec."""
+
+    policy: RunPolicy
+    close_timeout_seconds: int
+
+
+def _show(name: str, agents: list[Agent], codes: list[int | None], progress: dict[str, Any], started: float,
+          live: Live | None, console: Console) -> None:
+    """The live view on a terminal; elsewhere a plain line every call (the caller paces it)."""
+    if live is not None:
+        live.update(_view(name, agents, progress, started))
+        return
+    states = " ".join(f"w{a.index}={'run' if c is None else c}/starts={len(a.worker_pids)}"
+                      for a, c in zip(agents, codes, strict=True))
+    console.print(f"[{time.monotonic() - started:5.0f}s] {states} epoch={progress.get('epoch', '-')} "
+                  f"step={progress.get('globalStep', '-')} loss={progress.get('loss', '-')} "
+                  f"group restarts={progress.get('restartCount', '-')}", highlight=False)
+
+
+def _succeeded(name: str, agents: list[Agent], rules: Rules, progress: dict[str, Any], console: Console) -> bool:
+    """The cluster's success rule (policies/success.py): one agent exited 0, and the others ended or the
+    rendezvous' closeTimeoutSeconds passed since (a straggler still waiting to join a closed rendezvous is then
+    stopped, as cleanPodPolicy removes its pod)."""
+    pods = [a.as_pod(name) for a in agents]
+    if not success.job_succeeded(pods, rules.close_timeout_seconds, datetime.now(UTC)):
+        return False
+    left = [a.index for a in agents if a.exit_code is None]
+    stopped = f"; stopping worker(s) {', '.join(map(str, left))}, still running after spec.rendezvous." \
+              f"closeTimeoutSeconds ({rules.close_timeout_seconds}s)" if left else ""
+    console.print(f"[green]job {name} succeeded[/] (final progress: {progress or 'none reported'}){stopped}")
+    return True
+
+
+def _supervise(name: str, agents: list[Agent], rules: Rules, progress_file: Path, kill_after: float | None,
                console: Console) -> int:
-    """Watch the agents until all succeed or one fails for good; replace the others as the operator replaces pods
-    (the same classification and incident rule, the same backoffLimit)."""
+    """Watch the agents until the job succeeds (the cluster's rule) or one fails for good; replace the others as the
+    operator replaces pods (the same classification and incident rule, the same backoffLimit)."""
     started = time.monotonic()
     killed = kill_after is None
     training_since: float | None = None
-    budget = _Budget(name, policy)
+    budget = _Budget(name, rules.policy)
     live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
     last_plain = 0.0
     with live or contextlib.nullcontext():
         while True:
             codes = [a.poll() for a in agents]
             progress = _progress(progress_file)
-            if live is not None:
-                live.update(_view(name, agents, progress, started))
-            elif time.monotonic() - last_plain > 5:
+            if live is not None or time.monotonic() - last_plain > 5:
                 last_plain = time.monotonic()
-                states = " ".join(f"w{a.index}={'run' if c is None else c}/starts={len(a.worker_pids)}"
-                                  for a, c in zip(agents, codes, strict=True))
-                console.print(f"[{time.monotonic() - started:5.0f}s] {states} epoch={progress.get('epoch', '-')} "
-                              f"step={progress.get('globalStep', '-')} loss={progress.get('loss', '-')} "
-                              f"group restarts={progress.get('restartCount', '-')}", highlight=False)
+                _show(name, agents, codes, progress, started, live, console)
             # The clock starts at the first progress report, not at launch: start-up (imports, rendezvous)
             # varies with load, and a fault injected before training starts tests nothing.
             if training_since is None and progress.get("globalStep") is not None:
@@ -252,24 +286,28 @@ def _supervise(name: str, agents: list[Agent], policy: RunPolicy, progress_file:
             if not killed and kill_after is not None and training_since is not None \
                     and time.monotonic() - training_since >= kill_after:
                 killed = _kill_one_worker(agents, console)
-            if all(c == 0 for c in codes):
-                console.print(f"[green]job {name} succeeded[/] (final progress: {progress or 'none reported'})")
+            if _succeeded(name, agents, rules, progress, console):
                 return 0
-            for a, code in zip(agents, codes, strict=True):
-                if code is None or code == 0:
-                    continue
+            # After the first success no failure counts and no agent is replaced (the cluster's rule too).
+            failed = [] if 0 in codes else [a for a, code in zip(agents, codes, strict=True) if code]
+            for a in failed:
                 replace, why = budget.judge(a)
-                if replace:
-                    console.print(f"[yellow]{why}", highlight=False)
-                    a.replacements += 1
-                    a.start(Path.cwd())
-                    continue
-                console.print(f"[red]job {name} failed: {why}; log: {a.log_path}", highlight=False)
-                with contextlib.suppress(OSError):
-                    tail = a.log_path.read_text(errors="replace").splitlines()[-15:]
-                    console.print("\n".join(tail), markup=False, highlight=False)
-                return code
+                if not replace:
+                    return _failed(name, a, why, console)
+                console.print(f"[yellow]{why}", highlight=False)
+                a.replacements += 1
+                a.start(Path.cwd())
             time.sleep(0.5)
+
+
+def _failed(name: str, agent: Agent, why: str, console: Console) -> int:
+    """Say why the job failed, with the agent's log tail; its exit code is the job's."""
+    console.print(f"[red]job {name} failed: {why}; log: {agent.log_path}", highlight=False)
+    with contextlib.suppress(OSError):
+        tail = agent.log_path.read_text(errors="replace").splitlines()[-15:]
+        console.print("\n".join(tail), markup=False, highlight=False)
+    assert agent.exit_code is not None
+    return agent.exit_code
 
 
 def _kill_one_worker(agents: list[Agent], console: Console) -> bool:

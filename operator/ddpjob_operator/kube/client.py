@@ -24,6 +24,7 @@ from urllib.parse import urlencode
 
 import aiohttp
 import kopf
+from ddpjob_worker.redact import redact
 
 from ddpjob_operator.api import reasons
 from ddpjob_operator.api.names import FIELD_MANAGER
@@ -121,11 +122,14 @@ CLUSTER_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
 
 
 class Rejected(Exception):
-    """The API server refused an object as invalid (400/422); ``message`` is its explanation."""
+    """The API server refused an object as invalid (400/422); ``message`` is its explanation, redacted: it goes into
+    the job's conditions and Events, and the server may quote the object's fields (an env value, a header)."""
 
     def __init__(self, kind: str, name: str, message: str) -> None:
+        message = redact(message)
         super().__init__(f"{kind} {name}: {message}")
         self.kind = kind
+        self.name = name
         self.message = message
 
 
@@ -147,7 +151,9 @@ class Created:
 
 
 def refusal(kind: str, name: str, message: str) -> Problem:
-    """A 403 on create, with a reason users can act on (PodSecurity names the fields to change)."""
+    """A 403 on create, with a reason users can act on (PodSecurity names the fields to change). The message is
+    redacted: an admission webhook's denial may quote the object it refused (an env value, a token)."""
+    message = redact(message)
     if "violates PodSecurity" in message:
         reason, hint = reasons.POD_SECURITY, "make the pod template meet the namespace's Pod Security level"
     elif "exceeded quota" in message:

@@ -1,8 +1,8 @@
 """Figures over all known DDPJobs for the operator's /metrics, computed at scrape time from the bodies the
-controller keeps: counts and maxima, which the chart's alert rules
-(charts/ddpjob-operator/templates/prometheusrule.yaml) read, and one series per existing job, its global step
-(`kubectl ddpjob report --prometheus` draws its history): it lives as long as the job does, like
-kube-state-metrics' per-object series. Pure: bodies and clock in, figures out."""
+controller keeps: counts and maxima (the dashboard's), and per-job series that live as long as the job does, like
+kube-state-metrics' per-object series: its global step (`kubectl ddpjob report --prometheus` draws its history) and
+the figures the chart's alert rules (charts/ddpjob-operator/templates/prometheusrule.yaml) read, so that an alert
+names the job. Pure: bodies and clock in, figures out."""
 
 from __future__ import annotations
 
@@ -64,6 +64,43 @@ def collect(bodies: Iterable[Mapping[str, Any]], now: datetime) -> JobStats:
         if saved is not None:
             oldest = max(oldest, (now - saved).total_seconds())
     return JobStats(budget_nearly_spent=near, stalled=stalled, recovering=recovering, max_checkpoint_age=oldest)
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFigures:
+    """One job's figures for the alert rules (None: the figure does not apply to it now)."""
+
+    namespace: str
+    name: str
+    #: An active job: 1.0 while its Stalled condition is True, else 0.0.
+    stalled: float | None = None
+    #: When its newest Stalled incident started (seconds since the epoch), if it has one.
+    last_stall: float | None = None
+    #: An unfinished job with a backoffLimit: the share of it its incidents used.
+    budget_used: float | None = None
+    #: An active job that reported a checkpoint: seconds since it.
+    checkpoint_age: float | None = None
+
+
+def per_job(bodies: Iterable[Mapping[str, Any]], now: datetime) -> list[JobFigures]:
+    """The figures of every job that has a name."""
+    out = []
+    for body in bodies:
+        meta, status = body.get("metadata") or {}, body.get("status") or {}
+        if not meta.get("name"):
+            continue
+        state, active = status.get("state"), status.get("state") in ACTIVE
+        stalls = [at for i in status.get("incidents") or [] if isinstance(i, Mapping) and i.get("cause") == st.STALLED
+                  if (at := parse_time(i.get("startTime"))) is not None]
+        limit, count = _backoff_limit(body), status.get("incidentCount") or 0
+        saved = parse_time(((status.get("progress") or {}).get("lastCheckpoint") or {}).get("time"))
+        out.append(JobFigures(
+            str(meta.get("namespace") or ""), str(meta["name"]),
+            stalled=float(_true(status, st.STALLED)) if active else None,
+            last_stall=max(stalls).timestamp() if stalls else None,
+            budget_used=count / limit if limit > 0 and state not in (st.SUCCEEDED, st.FAILED) else None,
+            checkpoint_age=(now - saved).total_seconds() if active and saved is not None else None))
+    return out
 
 
 def global_steps(bodies: Iterable[Mapping[str, Any]]) -> list[tuple[str, str, int]]:

@@ -1,6 +1,7 @@
 """Prometheus metrics of the operator (prometheus-client). Labels carry only small fixed sets of values
-(states, pod types, outcomes), never pod names; the one exception is ddpjob_job_global_step, a series per existing
-DDPJob (it goes with the job), which `kubectl ddpjob report --prometheus` draws."""
+(states, pod types, outcomes), never pod names; the exception is the ddpjob_job_* gauges, a series per existing
+DDPJob (it goes with the job): its global step, which `kubectl ddpjob report --prometheus` draws, and the figures the
+chart's alerts read to name the job."""
 
 from __future__ import annotations
 
@@ -80,7 +81,8 @@ CHECKPOINT_LOAD = Histogram(
     "ddpjob_checkpoint_load_seconds", "Seconds a job's rank 0 took to load its checkpoint when its process group "
     "started, a peer's transfer included (status.progress.start.checkpointLoadSeconds)", buckets=_CHECKPOINT_BUCKETS,
 )
-STATES = (st.CREATED, st.RUNNING, st.RESTARTING, st.SUSPENDED, st.SUCCEEDED, st.FAILED)
+#: Every value of status.state (planner/status.py Outcome.state), each exported from the start.
+STATES = (st.CREATED, st.QUEUED, st.RUNNING, st.RESTARTING, st.SUSPENDED, st.SUCCEEDED, st.FAILED)
 
 
 KUEUE_PREEMPTIONS = Counter("ddpjob_kueue_evictions", "Kueue evictions of running DDPJobs (preemption, PodsReady "
@@ -116,16 +118,28 @@ for _phase in PHASES:
     RECOVERY_PHASE.labels(phase=_phase)
 
 
+#: Longer than any checkpoint or recovery could take: a reported figure above it is junk, not a measurement.
+MAX_OBSERVED_SECONDS = 7 * 24 * 3600
+
+
+def duration(value: object) -> float | None:
+    """``value`` as seconds to observe, or None for what a worker-written status may hold but no clock measured:
+    not a number (a bool, text), NaN or infinite, negative, or above MAX_OBSERVED_SECONDS."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if 0 <= value <= MAX_OBSERVED_SECONDS else None  # NaN compares False
+
+
 def observe_recovery(incident: dict[str, object]) -> None:
     """A recovered incident's clock (status.incidents[].phases) into the histograms."""
     phases = incident.get("phases")
     phases = phases if isinstance(phases, dict) else {}
-    total = phases.get(TOTAL, incident.get("recoverySeconds"))
-    if isinstance(total, int | float):
-        RECOVERY.observe(float(total))
+    total = duration(phases.get(TOTAL, incident.get("recoverySeconds")))
+    if total is not None:
+        RECOVERY.observe(total)
     for phase, seconds in phases.items():
-        if phase in PHASES and isinstance(seconds, int | float):
-            RECOVERY_PHASE.labels(phase=phase).observe(float(seconds))
+        if phase in PHASES and (value := duration(seconds)) is not None:
+            RECOVERY_PHASE.labels(phase=phase).observe(value)
 
 
 def observe_checkpoints(progress: Mapping[str, Any], seen: dict[str, object]) -> None:
@@ -134,22 +148,46 @@ def observe_checkpoints(progress: Mapping[str, Any], seen: dict[str, object]) ->
     group's figures until its own load is reported."""
     ckpt = progress.get("lastCheckpoint")
     ckpt = ckpt if isinstance(ckpt, Mapping) else {}
-    save = (ckpt.get("step"), ckpt.get("time"))
-    if isinstance(ckpt.get("seconds"), int | float) and seen.get("save") != save:
+    save, saved = (ckpt.get("step"), ckpt.get("time")), duration(ckpt.get("seconds"))
+    if saved is not None and seen.get("save") != save:
         seen["save"] = save
-        CHECKPOINT_SAVE.observe(float(ckpt["seconds"]))
+        CHECKPOINT_SAVE.observe(saved)
     start = progress.get("start")
     start = start if isinstance(start, Mapping) else {}
-    loaded = start.get("checkpointLoadedTime")
-    if isinstance(start.get("checkpointLoadSeconds"), int | float) and loaded and seen.get("load") != loaded:
+    loaded, took = start.get("checkpointLoadedTime"), duration(start.get("checkpointLoadSeconds"))
+    if took is not None and loaded and seen.get("load") != loaded:
         seen["load"] = loaded
-        CHECKPOINT_LOAD.observe(float(start["checkpointLoadSeconds"]))
+        CHECKPOINT_LOAD.observe(took)
 
 
 def serve(port: int) -> None:
     """Start the /metrics HTTP endpoint on all interfaces (port 0: disabled)."""
     if port:
         start_http_server(port)
+
+
+#: The labels of the per-job series: the DDPJob's (a scrape's own job and namespace labels are the operator's).
+JOB_LABELS = ["ddpjob_namespace", "ddpjob_name"]
+#: The per-job series of the alert rules: name, help, the figure (jobstats.JobFigures).
+_PER_JOB = (
+    ("ddpjob_job_stalled", "1 while a running DDPJob's Stalled condition is True, else 0", "stalled"),
+    ("ddpjob_job_last_stall_timestamp_seconds", "When a DDPJob's newest Stalled incident started (Unix time)",
+     "last_stall"),
+    ("ddpjob_job_incident_budget_used_ratio", "The share of spec.runPolicy.backoffLimit an unfinished DDPJob's "
+     "incidents used", "budget_used"),
+    ("ddpjob_job_checkpoint_age_seconds", "Seconds since a running DDPJob's last checkpoint (jobs that reported one)",
+     "checkpoint_age"),
+)
+
+
+def _per_job(figures: list[jobstats.JobFigures]) -> Iterator[GaugeMetricFamily]:
+    for name, text, field in _PER_JOB:
+        family = GaugeMetricFamily(name, text, labels=JOB_LABELS)
+        for job in figures:
+            value = getattr(job, field)
+            if value is not None:
+                family.add_metric([job.namespace, job.name], value)
+        yield family
 
 
 class JobStatsCollector(Collector):
@@ -173,10 +211,11 @@ class JobStatsCollector(Collector):
                                 "running DDPJob that saved one longest ago (0: none reported)",
                                 value=stats.max_checkpoint_age)
         steps = GaugeMetricFamily("ddpjob_job_global_step", "The global step a DDPJob's progress last reported (one "
-                                  "series per existing job)", labels=["ddpjob_namespace", "ddpjob_name"])
+                                  "series per existing job)", labels=JOB_LABELS)
         for namespace, name, step in jobstats.global_steps(bodies):
             steps.add_metric([namespace, name], step)
         yield steps
+        yield from _per_job(jobstats.per_job(bodies, datetime.now(UTC)))
 
 
 JOB_STATS = JobStatsCollector()

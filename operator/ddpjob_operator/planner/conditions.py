@@ -44,3 +44,15 @@ def aux_conditions(recent: Sequence[Mapping[str, Any]], verdict: stall.Verdict |
     c = cannot_start.decide(pods)
     out.append(st.Aux(st.CANNOT_START, c.blocked, c.reason, c.message))
     return out
+
+
+#: The auxiliary conditions a finished job's status says are over (SpecRejected stays: it is about the spec).
+FINISHED_TYPES = (st.STALLED, st.QUEUED, st.CHILD_CONFLICT, st.CREATE_REFUSED, st.CANNOT_START)
+
+
+def finished_conditions(state: str) -> list[st.Aux]:
+    """A finished job's auxiliary conditions: False, saying it finished. Its last running pass's words (a stall
+    clock's "allowed until", a scheduler's Unschedulable) would no longer be true. Conditions it never had stay
+    absent."""
+    message = f"the job finished ({state}): nothing holds or threatens it any more"
+    return [st.Aux(ctype, False, reasons.JOB_FINISHED, message) for ctype in FINISHED_TYPES]

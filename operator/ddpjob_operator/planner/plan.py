@@ -18,19 +18,22 @@ from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
 from ddpjob_operator.planner import open_incident
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.children import builders, inject
-from ddpjob_operator.planner.conditions import aux_conditions
+from ddpjob_operator.planner.conditions import FINISHED_TYPES, aux_conditions, finished_conditions
 from ddpjob_operator.planner.kueue import admission
 from ddpjob_operator.planner.kueue import workload as kueue
 from ddpjob_operator.planner.kueue.admission import KueueInputs, WorkloadWrite
 from ddpjob_operator.planner.observation import PodView, format_time, parse_time, truncate
 from ddpjob_operator.planner.pass_state import Pass, begin
 from ddpjob_operator.planner.policies import (
+    blocked,
     children,
     deadline,
     edits,
     failure,
+    held,
     incidents,
     pods,
+    rejected,
     silent,
     stall,
     stall_restart,
@@ -38,6 +41,7 @@ from ddpjob_operator.planner.policies import (
     success,
     suspend,
     ttl,
+    unreadable,
 )
 from ddpjob_operator.planner.policies.pods import DeletePod, Replacement
 from ddpjob_operator.planner.types import Observed, Plan
@@ -55,6 +59,7 @@ __all__ = ["DeletePod", "KueueInputs", "Observed", "Plan", "Replacement", "plan"
 def plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
     """Plan one reconcile pass of a DDPJob; a routine status change waits for the next write (status_writes)."""
     result = _plan(body, observed, now)
+    _say_unreadable(result, body.get("status") or {}, observed)
     write = status_writes.decide(result.patch, body.get("status") or {}, result.status, observed.routine_since,
                                  now, observed.routine_wait)
     if not write.now and write.later is not None:
@@ -90,6 +95,8 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
         outcome = st.Outcome(state=cond.get("type", st.FAILED), reason=cond.get("reason", ""),
                              message=cond.get("message", ""))
         return _finish(result, ps, outcome)
+    if observed.rejected is not None:  # found by this pass's own create: the job fails, its history kept
+        return _fail(result, ps, *rejected.failure(observed.rejected))
     if policy.suspend:
         return _suspended(result, ps)
     if kueue.queue_name(job) is not None:
@@ -160,8 +167,11 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
                f"{incidents.list_text(ps.recent, ps.count)}")
         return _fail(result, ps, reasons.BACKOFF_LIMIT_EXCEEDED, msg)
     conflicts = list(kids.conflicts)
+    hold = blocked.decide(ps.obs.problems)
     pod_plan = _plan_pods(ps, persisted, create=not finishing and not conflicts, quiet=quiet)
-    conflicts += pod_plan.conflicts
+    if hold.held:  # a name taken (its create is tried again) or a PodGroup or Workload missing
+        pod_plan.create = [p for p in pod_plan.create if p["metadata"]["name"] in hold.retry]
+    conflicts += [c for c in (*hold.conflicts, *pod_plan.conflicts) if c not in conflicts]
     result.delete_pods, result.create_pods = pod_plan.delete, pod_plan.create
     if ps.placements is not None:
         result.create_pods = admission.place(result.create_pods, ps.placements)
@@ -171,7 +181,7 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     result.events += [st.Event("Normal", reasons.WORKER_REPLACED, f"replaced worker {r.index} "
                                f"({'no exit code' if r.exit_code is None else f'exit code {r.exit_code}'}); "
                                f"incidents: {ps.count}") for r in pod_plan.replacements]
-    if pod_plan.conflicts:  # a conflicting non-pod child already asked for this in _children
+    if conflicts:  # once more for a conflicting child of _children: the earliest request wins
         result.requeue_at(now + timedelta(seconds=CONFLICT_RECHECK_SECONDS), now)
     open_incident.restart_in_place(result, ps)
     open_incident.close_if_over(result, ps)
@@ -288,9 +298,12 @@ def _held(result: Plan, ps: Pass, reason: str, clear_admission: str | None) -> P
     ps.start_time = suspend.start_time_after_resume(True, ps.start_time, format_time(ps.now))
     kids = _children(result, ps)
     _aux(ps, None, kids.conflicts)
-    live = [p for p in ps.obs.pods if p.owner_uid == ps.job.uid and not p.gone]
-    result.delete_pods = [DeletePod(p.name, p.uid, p.terminated, reason)
-                          for p in suspend.pods_to_delete_on_suspend(live)]
+    doomed = held.plan_pods([p for p in ps.obs.pods if p.owner_uid == ps.job.uid], reason,
+                            node_ready=ps.obs.node_ready,
+                            timeout_seconds=ps.job.spec.run_policy.terminating_node_timeout_seconds, now=ps.now)
+    result.delete_pods = doomed.delete
+    for at in doomed.recheck:
+        result.requeue_at(at, ps.now)
     if reason == reasons.SUSPENDED:
         outcome = st.Outcome(state=st.SUSPENDED, reason=reason, message="spec.runPolicy.suspend is true: pods deleted")
     else:
@@ -318,7 +331,8 @@ def _finish(result: Plan, ps: Pass, outcome: st.Outcome) -> Plan:
         if pod.deleting or pod.gone or pod.owner_uid != ps.job.uid:
             continue
         if policy.clean_pod_policy == "All" or (policy.clean_pod_policy == "Running" and not pod.terminated):
-            result.delete_pods.append(DeletePod(pod.name, pod.uid, pod.terminated, "JobFinished"))
+            result.delete_pods.append(DeletePod(pod.name, pod.uid, pod.terminated, reasons.JOB_FINISHED))
+    ps.aux = [a for a in ps.aux if a.type not in FINISHED_TYPES] + finished_conditions(outcome.state)
     new = ps.status(outcome)
     result.workload_writes += admission.finish(ps.job, admission.workload_view(ps.job, ps.obs.children),
                                                outcome.state == st.SUCCEEDED, outcome.message)
@@ -357,6 +371,14 @@ def _hold_invalid(result: Plan, old: Mapping[str, Any], cond: st.Aux, gen: int, 
     new["conditions"] = st.set_condition(old.get("conditions") or [], cond.type, cond.status, cond.reason,
                                          cond.message, now, gen)
     return _with_status(result, old, new)
+
+
+def _say_unreadable(result: Plan, old: Mapping[str, Any], observed: Observed) -> None:
+    """One Warning Event for the times in status.progress found unreadable and not said before (ignored)."""
+    unread = {k: v for k, v in unreadable.times(old.get("progress")).items() if k not in observed.unreadable_said}
+    if unread:
+        result.unreadable = dict(sorted(unread.items()))
+        result.events.append(st.Event("Warning", reasons.PROGRESS_UNREADABLE, unreadable.message(unread)))
 
 
 def _with_status(result: Plan, old: Mapping[str, Any], new: Obj) -> Plan:

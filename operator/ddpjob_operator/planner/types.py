@@ -14,6 +14,7 @@ from ddpjob_operator.planner.observation import ChildView, PodView
 from ddpjob_operator.planner.policies import status_writes
 from ddpjob_operator.planner.policies.children import ChildKey, Problem
 from ddpjob_operator.planner.policies.pods import DeletePod, Replacement
+from ddpjob_operator.planner.policies.rejected import Rejection
 
 Obj = dict[str, Any]
 
@@ -46,6 +47,8 @@ class Plan:
     """Kueue: give an evicted Workload's quota back, or mark it Finished (after the pod deletes)."""
     status_held: bool = False
     """A routine status change waits for a later pass (status_writes)."""
+    unreadable: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The status.progress times found unreadable this pass and not said before, by path (policies/unreadable.py)."""
 
     def requeue_at(self, when: datetime | None, now: datetime) -> None:
         """Ask for another pass at ``when`` (the earliest request wins)."""
@@ -86,3 +89,7 @@ class Observed:
     last_valid_spec: Mapping[str, Any] | None = None
     """The last spec of this job that this operator process accepted: a running job goes on with it after an
     invalid edit (policies/edits.py)."""
+    rejected: Rejection | None = None
+    """A create of this pass that the API server rejected as invalid: the job fails, its history kept."""
+    unreadable_said: frozenset[str] = frozenset()
+    """Paths of status.progress times this operator process already said it cannot read (once per job)."""

@@ -1,9 +1,11 @@
-"""Carrying out one plan against the API server: children, pod deletes, pod creates; and remembering what the API
-server answered (a name taken by a foreign object, a refused create) so the pass's status can say so."""
+"""Carrying out one plan against the API server, in two steps: the children, then the pods (deletes, restart
+requests, creates); remembering what the API server answered (a name taken by a foreign object, a refused create)
+so that the planner can plan again with it between the steps and before the status write. Decides nothing."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -14,7 +16,7 @@ from ddpjob_worker.restart_request import RESTART_ANNOTATION
 from ddpjob_operator.api import reasons
 from ddpjob_operator.api.names import LABEL_REPLICA_TYPE, TYPE_RENDEZVOUS
 from ddpjob_operator.api.spec import DDPJob
-from ddpjob_operator.kube.client import OPTIONAL_KINDS, Created, Kube, adopt
+from ddpjob_operator.kube.client import Created, Kube, adopt
 from ddpjob_operator.kube.identity import WorkerIdentity
 from ddpjob_operator.metrics import registry as metrics
 from ddpjob_operator.planner import plan as planner
@@ -48,9 +50,10 @@ def _answer(job: DDPJob, obj: Obj, result: Created) -> Problem | None:
                    message=children.conflict_text(kind, name, view.owner_uid))
 
 
-async def apply_plan(kube: Kube, key: tuple[str, str], mem: JobMemory, plan: planner.Plan,
-                     identity: WorkerIdentity) -> bool:
-    """Apply ``plan``; True when the API server's answers changed what the status should report."""
+async def apply_children(kube: Kube, key: tuple[str, str], mem: JobMemory, plan: planner.Plan,
+                         identity: WorkerIdentity) -> bool:
+    """Make sure the namespace's worker identity and the plan's children exist; True when the API server's answers
+    changed what the pass knows (a conflict, a refusal, one of them gone)."""
     assert plan.job is not None
     job, body = plan.job, mem.body
     before = dict(mem.problems)
@@ -60,6 +63,16 @@ async def apply_plan(kube: Kube, key: tuple[str, str], mem: JobMemory, plan: pla
     ensure = await asyncio.gather(*(kube.create(owned(dict(obj), job, body)) for obj in plan.ensure))
     for obj, result in zip(plan.ensure, ensure, strict=True):
         _record(mem, children.key(obj), _answer(job, obj, result))
+    return before != mem.problems
+
+
+async def apply_pods(kube: Kube, key: tuple[str, str], mem: JobMemory, plan: planner.Plan,
+                     identity: WorkerIdentity) -> bool:
+    """Delete, annotate and create the plan's pods (the planner held back any that must not start); True when the
+    API server's answers to the creates changed what the pass knows."""
+    assert plan.job is not None
+    job, body = plan.job, mem.body
+    before = dict(mem.problems)
     for d in plan.delete_pods:  # before creates: a replacement reuses the deleted pod's name
         deleted = await kube.delete_pod(key[0], d.name, d.uid, force=d.force)
         mem.deleted_uids.add(d.uid)
@@ -67,10 +80,6 @@ async def apply_plan(kube: Kube, key: tuple[str, str], mem: JobMemory, plan: pla
             mem.gone_uids.add(d.uid)
     for target, text in plan.annotate_pods:  # an in-place restart request (policies/stall_restart)
         await kube.annotate_pod(key[0], target.name, target.uid, {RESTART_ANNOTATION: text})
-    if any(p.conflict or p.kind in OPTIONAL_KINDS for p in mem.problems.values()):
-        # A child this job does not control: no pod may start against it. A PodGroup not created: the gang
-        # scheduler would hold every pod anyway.
-        plan.create_pods = []
     results = await asyncio.gather(*(kube.create(adopt(pod, body)) for pod in plan.create_pods))
     for pod, result in zip(plan.create_pods, results, strict=True):
         _record(mem, children.key(pod), _answer(job, pod, result))
@@ -85,6 +94,18 @@ async def apply_plan(kube: Kube, key: tuple[str, str], mem: JobMemory, plan: pla
         metrics.PODS_CREATED.labels(type=kind).inc()
     _observe(plan)
     return before != mem.problems
+
+
+def answered(replan: planner.Plan, done: planner.Plan, *, pods: bool) -> planner.Plan:
+    """The re-plan with the API server's answers, taken whole (its status, Events, next pass, Kueue writes, TTL
+    delete) less the actions this pass already took: the children, and after the pods' step the pods. Those stay as
+    ``done`` took them, for the log; none is taken twice, and the metrics of the pods' step are not counted twice."""
+    out = dataclasses.replace(replan, ensure=done.ensure)
+    if pods:
+        out = dataclasses.replace(out, delete_pods=done.delete_pods, annotate_pods=done.annotate_pods,
+                                  create_pods=done.create_pods, replacements=done.replacements,
+                                  new_incidents=done.new_incidents, recovered=done.recovered)
+    return out
 
 
 def _record(mem: JobMemory, k: ChildKey, problem: Problem | None) -> None:

@@ -16,7 +16,6 @@ from typing import Any, cast
 
 import kopf
 
-from ddpjob_operator.api import reasons
 from ddpjob_operator.api.spec import QUEUE_LABEL, InvalidSpec, parse_ddpjob
 from ddpjob_operator.kube import podwatch
 from ddpjob_operator.kube.client import Kube, NamespaceTerminating, Rejected
@@ -27,8 +26,9 @@ from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.kueue import admission
 from ddpjob_operator.planner.observation import PodView, truncate
 from ddpjob_operator.planner.policies import status_writes
+from ddpjob_operator.planner.policies.rejected import Rejection
 from ddpjob_operator.runtime import kueue_sync, resync
-from ddpjob_operator.runtime.apply import apply_plan
+from ddpjob_operator.runtime.apply import answered, apply_children, apply_pods
 from ddpjob_operator.runtime.cache import ChildCache, Key
 from ddpjob_operator.runtime.memory import JobMemory, backoff
 from ddpjob_operator.runtime.workqueue import WorkQueue
@@ -238,30 +238,15 @@ class Controller:
         metrics.RECONCILES.inc()
         metrics.observe_checkpoints((body.get("status") or {}).get("progress") or {}, mem.checkpoints_seen)
         now = datetime.now(UTC)
-        pods = mem.observed_pods(self.cache.pods(key), t0)
-        observed = planner.Observed(
-            pods=pods, children=self.cache.children(key), problems=dict(mem.problems),
-            node_ready=await self._node_readiness(body, pods, now), restarts_floor=mem.restarts_floor,
-            incidents_floor=mem.incidents_floor, first_pass=mem.passes == 0, routine_since=mem.routine_since,
-            deleted=frozenset(mem.deleted_uids),
-            routine_wait=status_writes.interval(len(self.queue), WORKERS),
-            kueue=await self._kueue_inputs(body, key, mem), last_valid_spec=mem.last_valid_spec,
-            runtime_image=self.runtime_image,
-        )
+        observed = await self._observe(key, mem, body, t0, now)
         plan = planner.plan(body, observed, now)
         if plan.job is not None and plan.invalid is None:
             mem.last_valid_spec = copy.deepcopy(body.get("spec"))
-        try:
-            if plan.job is not None and await apply_plan(self.kube, key, mem, plan, self.identity):
-                # The same observation with the API server's answers to this pass's creates.
-                answered = planner.plan(body, dataclasses.replace(observed, problems=dict(mem.problems)), now)
-                plan.status, plan.patch, plan.status_held = answered.status, answered.patch, answered.status_held
-                plan.events += [e for e in answered.events if e not in plan.events]
-            if plan.workload_writes:  # after the pod deletes: an evicted job's quota goes back once none is active
-                await kueue_sync.write(self.kube, key[0], plan.workload_writes, now)
-        except Rejected as err:
-            plan = self._rejected_plan(body, plan, err, now)
+        plan = await self._carry_out(key, mem, body, observed, plan, now)
         self._log(key, plan)
+        for path, value in plan.unreadable.items():  # once per job: the planner leaves out those said before
+            log.warning("job=%s/%s %s=%r is not a time the operator can read: ignored", *key, path, value)
+        mem.unreadable_said.update(plan.unreadable)
         mem.routine_since = (mem.routine_since or now) if plan.status_held else None
         if plan.patch:
             fresh = await self.kube.patch_status(key[0], key[1], plan.patch)
@@ -283,6 +268,46 @@ class Controller:
         self._schedule(key, mem, plan)
         metrics.RECONCILE_DURATION.observe(time.monotonic() - t0)
         self._set_state(key, str(plan.status.get("state") or st.CREATED))
+
+    async def _observe(self, key: Key, mem: JobMemory, body: Mapping[str, Any], t0: float, now: datetime
+                       ) -> planner.Observed:
+        """What the planner is given: the job's children as cached, and what this process remembers of it."""
+        pods = mem.observed_pods(self.cache.pods(key), t0)
+        return planner.Observed(
+            pods=pods, children=self.cache.children(key), problems=dict(mem.problems),
+            node_ready=await self._node_readiness(body, pods, now), restarts_floor=mem.restarts_floor,
+            incidents_floor=mem.incidents_floor, first_pass=mem.passes == 0, routine_since=mem.routine_since,
+            deleted=frozenset(mem.deleted_uids),
+            routine_wait=status_writes.interval(len(self.queue), WORKERS),
+            kueue=await self._kueue_inputs(body, key, mem), last_valid_spec=mem.last_valid_spec,
+            runtime_image=self.runtime_image, unreadable_said=frozenset(mem.unreadable_said),
+        )
+
+    async def _carry_out(self, key: Key, mem: JobMemory, body: Mapping[str, Any], observed: planner.Observed,
+                         plan: planner.Plan, now: datetime) -> planner.Plan:
+        """Carry the plan out: the children, then the pods, then Kueue's Workload writes. After a step whose answers
+        changed what the pass knows, the planner plans again with them, and its plan is taken whole less what was
+        done (apply.answered): the pods it then holds back are never created, and the status, the Events and the
+        next pass say what the answers mean. A child rejected as invalid fails the job: the planner plans that too
+        (history kept), and its pod deletes (cleanPodPolicy) and Workload writes are carried out."""
+        assert self.kube is not None
+
+        def replan(rejection: Rejection | None = None) -> planner.Plan:
+            again = dataclasses.replace(observed, problems=dict(mem.problems), rejected=rejection)
+            return planner.plan(body, again, now)
+
+        try:
+            if plan.job is not None and await apply_children(self.kube, key, mem, plan, self.identity):
+                plan = answered(replan(), plan, pods=False)
+            if plan.job is not None and await apply_pods(self.kube, key, mem, plan, self.identity):
+                plan = answered(replan(), plan, pods=True)
+        except Rejected as err:
+            plan = replan(Rejection(err.kind, err.name, err.message))
+            if plan.job is not None:  # a Failed plan creates nothing: nothing here can be rejected again
+                await apply_pods(self.kube, key, mem, plan, self.identity)
+        if plan.workload_writes:  # after the pod deletes: an evicted job's quota goes back once none is active
+            await kueue_sync.write(self.kube, key[0], plan.workload_writes, now)
+        return plan
 
     def _schedule(self, key: Key, mem: JobMemory, plan: planner.Plan) -> None:
         """The next pass: when the plan asked, sooner while a create is refused (with jittered backoff)."""
@@ -313,29 +338,6 @@ class Controller:
                 sorted(plan.patch),
             )
 
-    def _rejected_plan(self, body: Mapping[str, Any], plan: planner.Plan, err: Rejected, now: datetime) -> planner.Plan:
-        """The API server refused a child built from the template: fail the job with its explanation."""
-        old = body.get("status") or {}
-        reason = reasons.INVALID_POD_TEMPLATE if err.kind == "Pod" else reasons.CHILD_REJECTED
-        outcome = st.Outcome(state=st.FAILED, reason=reason, message=truncate(f"the API server rejected {err}"))
-        counts = st.Counts(
-            desired=plan.job.spec.replicas if plan.job else 0,
-            restarts=int(plan.status.get("restarts") or 0),
-            start_time=plan.status.get("startTime"),
-            completion_time=plan.status.get("completionTime") or now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        )
-        new = st.compute_status(
-            old,
-            outcome=outcome,
-            workers=[],
-            counts=counts,
-            generation=int(body["metadata"].get("generation") or 0),
-            now=now,
-        )
-        return planner.Plan(
-            job=plan.job, status=new, patch=st.status_patch(old, new), events=st.transition_events(old, new)
-        )
-
     async def _kueue_inputs(self, body: Mapping[str, Any], key: Key, mem: JobMemory) -> planner.KueueInputs:
         """A queued job's priority class and admitted flavors (kueue_io); nothing for an invalid job."""
         assert self.kube is not None
@@ -350,14 +352,15 @@ class Controller:
     async def _node_readiness(
         self, body: Mapping[str, Any], pods: list[PodView], now: datetime
     ) -> dict[str, bool]:
-        """Readiness of the nodes of pods Terminating for longer than the threshold (a rare, cheap read)."""
+        """Readiness of the nodes of pods Terminating for longer than the threshold (a rare, cheap read). Counted
+        from the deletion's request, as policies/stuck.py counts: a node it was not given is NotReady to it."""
         assert self.kube is not None
         policy = (body.get("spec") or {}).get("runPolicy") or {}
         threshold = timedelta(seconds=int(policy.get("terminatingNodeTimeoutSeconds", 300)))
         nodes = {
             p.node_name
             for p in pods
-            if p.node_name and p.deletion_timestamp and now - p.deletion_timestamp >= threshold
+            if p.node_name and p.deletion_requested and now - p.deletion_requested >= threshold
         }
         return {n: await self.kube.node_ready(n) for n in nodes}
 

@@ -60,6 +60,8 @@ class JobMemory:
     """The job's last spec that parsed (a running job goes on with it after an invalid edit)."""
     checkpoints_seen: dict[str, object] = dataclasses.field(default_factory=dict)
     """The checkpoint write and load already in the metrics (metrics.observe_checkpoints)."""
+    unreadable_said: set[str] = dataclasses.field(default_factory=set)
+    """Paths of status.progress times already said to be unreadable (an Event and a log line once per job)."""
 
     def take(self, body: dict[str, Any], resource_version: str, events: int) -> None:
         """``body`` is the newest version now."""

@@ -49,3 +49,36 @@ def test_the_observed_seconds_land_in_the_histogram() -> None:
     before = REGISTRY.get_sample_value("ddpjob_checkpoint_save_seconds_sum") or 0.0
     metrics.observe_checkpoints(_save(7, T1, 12.5), {})
     assert (REGISTRY.get_sample_value("ddpjob_checkpoint_save_seconds_sum") or 0.0) - before == 12.5
+
+
+
+JUNK = [float("nan"), float("inf"), -1.0, -0.001, 1e12, True, "3"]
+
+
+def _samples(*names: str, labels: dict[str, str] | None = None) -> list[float]:
+    """The histograms' _count and _sum (a NaN observed leaves the count and poisons the sum for good)."""
+    return [REGISTRY.get_sample_value(f"{name}_{part}", labels or {}) or 0.0 for name in names
+            for part in ("count", "sum")]
+
+
+@pytest.mark.parametrize("junk", JUNK, ids=repr)
+def test_a_figure_no_clock_measured_is_not_observed(junk: object) -> None:
+    """status.progress is written by worker pods: a NaN, a negative or an absurd figure must not skew (or, for
+    NaN, poison the _sum of) the histograms. Each report names a new write and load, so only the value decides."""
+    names = ("ddpjob_checkpoint_save_seconds", "ddpjob_checkpoint_load_seconds")
+    before = _samples(*names)
+    metrics.observe_checkpoints({**_save(5, T0, junk), **_load(T1, junk)}, {})  # type: ignore[arg-type]
+    assert _samples(*names) == before
+
+
+@pytest.mark.parametrize("junk", JUNK, ids=repr)
+def test_a_recovery_figure_no_clock_measured_is_not_observed(junk: object) -> None:
+    def samples() -> list[float]:
+        return [*_samples("ddpjob_recovery_seconds"),
+                *_samples("ddpjob_recovery_phase_seconds", labels={"phase": "rendezvous"})]
+
+    before = samples()
+    metrics.observe_recovery({"recoverySeconds": junk, "phases": {"rendezvous": junk}})
+    assert samples() == before
+    metrics.observe_recovery({"recoverySeconds": 4, "phases": {"rendezvous": 1.5}})
+    assert samples() == [before[0] + 1, before[1] + 4, before[2] + 1, before[3] + 1.5]

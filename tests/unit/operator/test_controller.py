@@ -10,21 +10,27 @@ from typing import Any
 
 import kopf
 import pytest
+from ddpjob_operator.api import reasons
 from ddpjob_operator.kube.client import Created, Rejected, refusal
+from ddpjob_operator.planner.plan import CONFLICT_RECHECK_SECONDS
+from ddpjob_operator.planner.policies.children import Problem
 from ddpjob_operator.runtime import controller as ctl
 
 from .factories import make_job
+from .test_gang import gang_job
 
 _uids = itertools.count(1)
 
 
 class FakeKube:
-    def __init__(self, job: dict[str, Any], reject: str | None = None, forbid: str | None = None) -> None:
+    def __init__(self, job: dict[str, Any], reject: str | None = None, forbid: str | None = None,
+                 unserved: str | None = None) -> None:
         self.job = job
         self.objects: dict[tuple[str, str], dict[str, Any]] = {}
         self.calls: list[str] = []
         self.reject = reject
         self.forbid = forbid
+        self.unserved = unserved  # a kind whose CRD is not installed (client.py's answer to its 404)
 
     async def create(self, obj: dict[str, Any]) -> Created:
         key = (obj["kind"], obj["metadata"]["name"])
@@ -34,6 +40,9 @@ class FakeKube:
         if self.forbid == key[0]:
             return Created(refused=refusal(key[0], key[1], 'pods "x" is forbidden: violates PodSecurity '
                                            '"restricted:latest": allowPrivilegeEscalation != false'))
+        if self.unserved == key[0]:
+            return Created(refused=Problem(kind=key[0], name=key[1], conflict=False, reason=reasons.CRD_NOT_INSTALLED,
+                                           message=f"the {key[0]} API is not served: its CRD is not installed"))
         if key in self.objects:
             return Created(existing=copy.deepcopy(self.objects[key]))
         new = copy.deepcopy(obj)
@@ -136,6 +145,66 @@ def test_rejected_pod_template_fails_the_job(events: list[tuple[str, str]]) -> N
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
     assert failed["reason"] == "InvalidPodTemplate" and "bad quantity" in failed["message"]
     assert any(reason == "InvalidPodTemplate" for reason, _ in events)
+
+
+def test_a_rejected_pod_template_keeps_the_jobs_history(events: list[tuple[str, str]]) -> None:
+    """The planner writes the Failed status (issue 43): incidents, counts and the scale selector stay."""
+    incidents = [{"id": 1, "cause": "NodeLost", "outcome": "Recovered", "startTime": "2026-01-01T11:00:00Z"},
+                 {"id": 2, "cause": "PodDeleted", "outcome": "Recovering", "startTime": "2026-01-01T11:30:00Z"}]
+    job = make_job(replicas=1).with_status(state="Restarting", incidentCount=2, incidents=incidents, restarts=2,
+                                           startTime="2026-01-01T10:00:00Z").obj()
+    kube = FakeKube(job, reject="Pod")
+    run_passes(job, kube, passes=1)
+    status = job["status"]
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert failed["reason"] == "InvalidPodTemplate" and "bad quantity" in failed["message"]
+    assert status["incidentCount"] == 2 and status["restarts"] == 2
+    assert [(i["id"], i["outcome"]) for i in status["incidents"]] == [(1, "Recovered"), (2, "Failed")]
+    assert status["selector"] == "ddpjob.io/job-name=job,ddpjob.io/replica-type=worker"
+    assert status["startTime"] == "2026-01-01T10:00:00Z" and status["completionTime"]
+
+
+def test_a_conflict_found_by_this_passs_own_create_asks_for_the_recheck(events: list[tuple[str, str]]) -> None:
+    """The re-plan is taken whole (issue 43): its next pass too, or with --resync-seconds 0 the job waits forever."""
+    job = make_job(replicas=1).obj()
+    kube = FakeKube(job)
+    kube.objects[("Service", "job")] = {"kind": "Service", "metadata": {"name": "job", "uid": "foreign"}}
+    delays: list[float] = []
+
+    async def scenario() -> None:
+        c = ctl.Controller()
+        c.kube = kube  # type: ignore[assignment]
+        c.queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
+        c.job_seen(None, job)
+        await c.reconcile(("ns", "job"))
+
+    asyncio.run(scenario())
+    assert delays and min(delays) == pytest.approx(CONFLICT_RECHECK_SECONDS, abs=0.5)
+    assert not any(c.startswith("create Pod") for c in kube.calls)
+
+
+def test_a_gang_job_without_the_pod_group_crd_creates_no_pod_in_the_same_pass(events: list[tuple[str, str]]) -> None:
+    """The planner holds the pods (policies/blocked.py), re-planning after the children's answers: apply.py decides
+    nothing, and no pod is created in the pass that finds the PodGroup refused."""
+    job = gang_job(2)
+    kube = FakeKube(job, unserved="PodGroup")
+    c = run_passes(job, kube, passes=2)
+    assert kube.calls.count("create PodGroup job") == 2, "tried again"
+    assert not any(call.startswith("create Pod ") for call in kube.calls)
+    refused = next(x for x in job["status"]["conditions"] if x["type"] == "CreateRefused")
+    assert refused["status"] == "True" and refused["reason"] == "CRDNotInstalled"
+    assert c.jobs[("ns", "job")].refusals == 2, "retried with backoff"
+
+
+def test_an_unreadable_progress_time_is_said_once_and_never_stops_a_pass(events: list[tuple[str, str]]) -> None:
+    job = make_job(replicas=1).with_status(progress={"globalStep": 3, "updateTime": "2026-01-01t12:00:00z",
+                                                     "lastStepTime": "2026-01-01T00:00:00+99:00"}).obj()
+    kube = FakeKube(job)
+    run_passes(job, kube, passes=3)
+    said = [m for r, m in events if r == "ProgressUnreadable"]
+    assert len(said) == 1 and "status.progress.lastStepTime='2026-01-01T00:00:00+99:00'" in said[0]
+    assert "updateTime" not in said[0], "a lower-case t and z are RFC 3339 and read"
+    assert kube.calls.count("patch status") >= 1
 
 
 def test_invalid_spec_writes_status_and_creates_nothing(events: list[tuple[str, str]]) -> None:
@@ -294,3 +363,22 @@ def _rv(body: dict[str, Any], rv: str) -> dict[str, Any]:
 def test_a_refused_create_names_a_fix_that_fits_its_cause(message: str, reason: str, fix: str) -> None:
     problem = refusal("Pod", "x", message)
     assert problem.reason == reason and fix in problem.message and message in problem.message
+
+
+def test_node_readiness_is_read_from_the_deletion_request_as_the_stuck_rule_counts() -> None:
+    """policies/stuck.py counts from the request (deletionTimestamp less the grace period) and takes a node it was
+    not given for NotReady: the read must start as early, or a pod on a Ready node within its grace period after
+    the timeout would be force-deleted."""
+    from datetime import timedelta
+
+    from ddpjob_operator.planner.observation import PodView
+
+    from .factories import at
+
+    job = make_job().with_run_policy(terminatingNodeTimeoutSeconds=60).obj()
+    pod = PodView(name="p", uid="u", replica_type="worker", node_name="n1",
+                  deletion_timestamp=at(0) + timedelta(seconds=30), deletion_grace_seconds=30)
+    c = ctl.Controller()
+    c.kube = FakeKube(job)  # type: ignore[assignment]
+    assert asyncio.run(c._node_readiness(job, [pod], at(59))) == {}
+    assert asyncio.run(c._node_readiness(job, [pod], at(60))) == {"n1": True}

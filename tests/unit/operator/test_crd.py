@@ -65,7 +65,8 @@ def test_subresources_columns_and_names() -> None:
 #: flow mapping that turns half a description into a key: the API server prunes it, so every apply "configures".
 SCHEMA_KEYWORDS = {
     "type", "format", "description", "properties", "items", "required", "default", "enum", "pattern", "minimum",
-    "maximum", "minLength", "maxLength", "minItems", "maxItems", "nullable", "additionalProperties",
+    "maximum", "minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties", "nullable",
+    "additionalProperties",
     "x-kubernetes-preserve-unknown-fields", "x-kubernetes-int-or-string", "x-kubernetes-validations",
     "x-kubernetes-list-type", "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "x-kubernetes-embedded-resource",
 }
@@ -109,3 +110,32 @@ def status_schema() -> dict[str, Any]:
 def test_pruned_finds_a_field_the_schema_lacks() -> None:
     """The check below must be able to fail."""
     assert pruned({"incidents": [{"id": 1, "nope": 2}]}, status_schema()) == [".incidents[0].nope"]
+
+
+def unbounded(node: dict[str, Any], path: str) -> list[str]:
+    """The places under ``node`` whose size the schema leaves open: a string without maxLength (or an enum), a map
+    or an object that keeps unknown fields without maxProperties, a list without maxItems."""
+    found = []
+    kind = node.get("type")
+    if kind == "string" and "maxLength" not in node and "enum" not in node:
+        found.append(path)
+    if kind == "object" and ("additionalProperties" in node or node.get("x-kubernetes-preserve-unknown-fields")) \
+            and "maxProperties" not in node:
+        found.append(path)
+    if kind == "array" and "maxItems" not in node:
+        found.append(path)
+    for name, sub in (node.get("properties") or {}).items():
+        found += unbounded(sub, f"{path}.{name}")
+    if isinstance(node.get("additionalProperties"), dict):
+        found += unbounded(node["additionalProperties"], f"{path}.*")
+    if isinstance(node.get("items"), dict):
+        found += unbounded(node["items"], f"{path}[]")
+    return found
+
+
+def test_status_progress_is_bounded_in_size() -> None:
+    """Worker pods write status.progress (issue 43 #11): the API server refuses one of unbounded size."""
+    status = version()["schema"]["openAPIV3Schema"]["properties"]["status"]
+    assert unbounded(status["properties"]["progress"], "status.progress") == []
+    peers = status["properties"]["progress"]["properties"]["lostPeers"]
+    assert peers["maxProperties"] >= 10000 + 16, "one entry per pod of the largest job (replicas + spares)"

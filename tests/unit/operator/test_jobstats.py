@@ -51,3 +51,47 @@ def named(name: str, step: Any, state: str = "Running") -> dict[str, Any]:
 def test_global_steps_one_per_job_that_reported_one(bodies: list[dict[str, Any]],
                                                     expected: list[tuple[str, str, int]]) -> None:
     assert jobstats.global_steps(bodies) == expected
+
+
+def test_every_state_is_a_series_of_ddpjob_jobs_from_the_start_queued_too() -> None:
+    """A job Kueue holds (state Queued) is counted: it vanished from the dashboard's jobs-by-state panel."""
+    from ddpjob_operator.metrics import registry
+    from prometheus_client import REGISTRY
+
+    def jobs(state: str) -> float | None:
+        return REGISTRY.get_sample_value("ddpjob_jobs", {"state": state})
+
+    assert {"Created", "Queued", "Running", "Restarting", "Suspended", "Succeeded", "Failed"} <= set(registry.STATES)
+    before = jobs("Queued")
+    assert before is not None
+    registry.move_job_state(None, "Queued")
+    registry.move_job_state("Queued", "Running")
+    registry.move_job_state("Running", "Queued")
+    assert jobs("Queued") == before + 1
+    registry.move_job_state("Queued", None)
+    assert jobs("Queued") == before
+
+
+def full(name: str, state: str, **status: Any) -> dict[str, Any]:
+    return {"metadata": {"namespace": "ml", "name": name}, "spec": {"runPolicy": {"backoffLimit": 5}},
+            "status": {"state": state, **status}}
+
+
+def test_per_job_figures_name_the_job_for_the_alerts() -> None:
+    stalled = [{"type": "Stalled", "status": "True"}]
+    incidents = [{"id": 1, "cause": "Stalled", "startTime": "2026-11-27T11:00:00Z"},
+                 {"id": 2, "cause": "Stalled", "startTime": "2026-11-27T11:50:00Z"},
+                 {"id": 3, "cause": "NodeLost", "startTime": "2026-11-27T11:55:00Z"}]
+    got = {f.name: f for f in jobstats.per_job([
+        full("a", "Running", conditions=stalled, incidentCount=4, incidents=incidents,
+             progress={"lastCheckpoint": {"time": "2026-11-27T11:00:00Z"}}),
+        full("b", "Queued", incidentCount=1),
+        full("c", "Failed", conditions=stalled, incidentCount=6),
+        {"status": {"state": "Running"}},  # no name: no series
+    ], NOW)}
+    assert sorted(got) == ["a", "b", "c"]
+    a = got["a"]
+    assert (a.namespace, a.stalled, a.budget_used, a.checkpoint_age) == ("ml", 1.0, 0.8, 3600.0)
+    assert a.last_stall == datetime(2026, 11, 27, 11, 50, tzinfo=UTC).timestamp()
+    assert (got["b"].stalled, got["b"].budget_used, got["b"].checkpoint_age) == (None, 0.2, None)
+    assert (got["c"].stalled, got["c"].budget_used) == (None, None), "finished: nothing to alert on"

@@ -224,6 +224,35 @@ def test_success_then_ttl_deletes_job() -> None:
     assert c.step(at(131)).delete_job
 
 
+def test_a_finished_jobs_conditions_say_it_is_finished() -> None:
+    """Not the last running pass's words: "Stalled=False Finishing ... allowed until <30 min later>" (issue 43)."""
+    c = running_cluster()
+    c.jobobj["status"]["progress"] = {"globalStep": 9, "lastStepTime": "2026-01-01T12:00:09Z",
+                                      "finishTime": "2026-01-01T12:00:10Z"}
+    c.step(at(11))
+    assert cond(c.status, "Stalled")["reason"] == "Finishing" and "allowed" in cond(c.status, "Stalled")["message"]
+    for name in c.worker_names():
+        c.set_phase(name, "Succeeded", finished=at(12))
+    c.step(at(12))
+    assert c.status["state"] == "Succeeded"
+    stalled = cond(c.status, "Stalled")
+    assert (stalled["status"], stalled["reason"]) == ("False", "JobFinished")
+    assert stalled["message"] == "the job finished (Succeeded): nothing holds or threatens it any more"
+    assert st.get_condition(c.status, "Queued") is None, "a condition it never had stays absent"
+    assert c.plan(at(13)).patch == {}, "written once"
+    # A job failed by its deadline while the scheduler could place none of its pods: no longer Queued.
+    c = FakeCluster(make_job(replicas=2).with_run_policy(activeDeadlineSeconds=60).obj())
+    c.converge(at(0))
+    for pod in c.pods.values():
+        pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                        "message": "0/3 nodes are available: 3 Insufficient cpu."}]
+    c.step(at(1))
+    assert cond(c.status, "Queued")["status"] == "True"
+    c.step(at(61))
+    assert cond(c.status, "Failed")["reason"] == "DeadlineExceeded"
+    assert (cond(c.status, "Queued")["status"], cond(c.status, "Queued")["reason"]) == ("False", "JobFinished")
+
+
 def test_a_job_that_succeeds_with_an_incident_still_recovering_closes_it() -> None:
     c = running_cluster()
     c.set_phase("job-rdzv", "Failed", exit_code=137)

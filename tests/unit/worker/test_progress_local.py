@@ -108,3 +108,15 @@ def test_a_checkpoints_write_and_load_seconds_go_out_with_it() -> None:
     fresh = ProgressReporter(environ=ENV, api=FakeApi(), interval_seconds=0)
     fresh.resumed(at=0)  # nothing was loaded (a first start): no load figure
     assert "checkpointLoadSeconds" not in fresh.start
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), -float("inf")])
+def test_a_diverged_loss_does_not_make_the_report_invalid_json(loss: float) -> None:
+    """The API server refuses NaN (no JSON has it): every report would fail and the job would look stalled."""
+    api = FakeApi()
+    reporter = ProgressReporter(environ=ENV, api=api, interval_seconds=0)
+    reporter.report(epoch=0, step=1, global_step=1, loss=loss)
+    assert reporter.drain(5)
+    body = api.calls[-1][-1]
+    json.dumps(body, allow_nan=False)
+    assert body["status"]["progress"]["loss"] is None and body["status"]["progress"]["globalStep"] == 1

@@ -10,6 +10,7 @@ import struct
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from ddpjob_worker.storeclient import CounterClient
@@ -93,3 +94,64 @@ def test_a_wrong_ping_answer_is_not_a_store() -> None:
             CounterClient("127.0.0.1", stranger.port, 1)
     finally:
         stranger.close()
+
+
+class Resolver:
+    """socket.getaddrinfo for one made-up name: 127.0.0.1 while ``hang`` is False; otherwise it hangs (a resolver
+    that does not answer) until released, then fails as glibc does when its servers time out (EAI_AGAIN)."""
+
+    def __init__(self, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.name, self.hang, self.calls = name, False, 0
+        self.released = threading.Event()
+        self._real = socket.getaddrinfo
+        monkeypatch.setattr(socket, "getaddrinfo", self)
+
+    def __call__(self, host: Any, port: Any, *args: Any, **kwargs: Any) -> Any:
+        flags = kwargs.get("flags", args[3] if len(args) > 3 else 0)
+        if host != self.name or flags & socket.AI_NUMERICHOST:
+            return self._real(host, port, *args, **kwargs)
+        self.calls += 1
+        if self.hang:
+            self.released.wait(10)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return self._real("127.0.0.1", port, *args, **kwargs)
+
+
+@pytest.fixture
+def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[Resolver]:
+    r = Resolver(f"{request.node.name.replace('_', '-')[:50]}.store.test", monkeypatch)  # a name per test: no
+    yield r  # address known from another
+    r.released.set()
+
+
+def test_a_resolver_that_does_not_answer_fails_the_connect_within_the_timeout(resolver: Resolver,
+                                                                              server: StoreServer) -> None:
+    """getaddrinfo takes no timeout: a watch that waited for it would stop beating and be taken for silent."""
+    resolver.hang = True
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not resolve"):
+        CounterClient(resolver.name, server.port, 0.5)
+    assert time.monotonic() - started < 2
+
+
+def test_a_reconnect_while_the_resolver_hangs_reaches_the_store_at_its_last_address(resolver: Resolver,
+                                                                                   server: StoreServer) -> None:
+    """The agent keeps beating: the store's name resolved before, so a reconnect does not wait for the resolver."""
+    first = CounterClient(resolver.name, server.port, 2)
+    assert first.add("p/0", 1) == 1
+    first.close()
+    resolver.hang = True
+    started = time.monotonic()
+    again = [CounterClient(resolver.name, server.port, 0.5) for _ in range(3)]
+    assert [c.add("p/0", 1) for c in again] == [2, 3, 4]
+    assert time.monotonic() - started < 4  # each connect waits 0.5 s for the lookup, then takes the old address
+    for c in again:
+        c.close()
+    assert resolver.calls == 2, "a hung lookup is shared: one thread per name, not one per connect"
+
+
+def test_a_name_that_resolves_again_is_looked_up_again(resolver: Resolver, server: StoreServer) -> None:
+    """Only a lookup that does not answer falls back: an answer is always taken (the store's pod may have moved)."""
+    for _ in range(2):
+        CounterClient(resolver.name, server.port, 2).close()
+    assert resolver.calls == 2
