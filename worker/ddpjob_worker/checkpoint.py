@@ -22,13 +22,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import signal
 import sys
-import threading
 import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from types import FrameType
 from typing import Any, NoReturn
 
 import torch
@@ -36,18 +33,24 @@ import torch.distributed as dist
 
 from ddpjob_worker import contract, fencing, replicas
 from ddpjob_worker.logs import get_logger
+from ddpjob_worker.payload import FORMAT_VERSION as FORMAT_VERSION  # re-exported: part of this API
+from ddpjob_worker.payload import TrainingObjects, build_payload
+from ddpjob_worker.payload import TrainState as TrainState  # re-exported: defined with the rest of the payload
+from ddpjob_worker.preemption import EXIT_AFTER_SIGTERM as EXIT_AFTER_SIGTERM  # re-exported: part of this API
+from ddpjob_worker.preemption import Preemption
 from ddpjob_worker.rngstate import capture_rng as capture_rng  # re-exported: part of this API
 from ddpjob_worker.rngstate import derive_rng, restore_rng
 from ddpjob_worker.staging import BackgroundWriter, SaveFailures
 from ddpjob_worker.staging import CheckpointSaveFailed as CheckpointSaveFailed  # raised by save, wait and close
-from ddpjob_worker.storage import CorruptCheckpoint, LocalStorage, Storage
+from ddpjob_worker.storage import LocalStorage
+from ddpjob_worker.storage_api import CorruptCheckpoint as CorruptCheckpoint  # read raises it; part of this API
+from ddpjob_worker.storage_api import Fence
+from ddpjob_worker.storage_api import Storage as Storage  # what Checkpointer(storage=...) takes; part of this API
 
 log = get_logger("checkpoint")
 
-FORMAT_VERSION = 1
-#: Exit code after a SIGTERM checkpoint: 128+15, what the kubelet reports for SIGTERM. Never 0, which would
-#: read as success and end the job early.
-EXIT_AFTER_SIGTERM = 143
+__all__ = ["EXIT_AFTER_SIGTERM", "FORMAT_VERSION", "CheckpointConfig", "CheckpointSaveFailed", "Checkpointer",
+           "CorruptCheckpoint", "Storage", "TrainState", "capture_rng"]
 
 
 @dataclasses.dataclass(kw_only=True, slots=True)
@@ -72,7 +75,15 @@ class CheckpointConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> CheckpointConfig:
-        """Directory, keep and budget from the worker contract (``./checkpoints`` outside a DDPJob)."""
+        """Directory, keep and budget from the worker contract (``./checkpoints`` outside a DDPJob).
+
+        Args:
+            environ: The environment to read; None: this process's.
+            **overrides: Fields to set instead (``every_steps=100``, ``async_save=True``).
+
+        Returns:
+            The configuration.
+        """
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {
             "directory": env.get(contract.DDPJOB_CHECKPOINT_DIR) or "checkpoints",
@@ -85,37 +96,19 @@ class CheckpointConfig:
         return cls(**values)
 
 
-@dataclasses.dataclass(kw_only=True, slots=True)
-class TrainState:
-    """Where training is; saved with every checkpoint and returned by ``resume``."""
-
-    epoch: int = 0
-    """The epoch in progress (or about to start)."""
-    step_in_epoch: int = 0
-    """Optimizer steps already done in ``epoch``."""
-    samples_in_epoch: int = 0
-    """Samples of ``epoch``'s order the whole job has consumed (``ElasticDistributedSampler.position``): where the
-    epoch resumes, with any world size. 0 at an epoch's start, and in checkpoints older than this field."""
-    global_step: int = 0
-    """Optimizer steps done since the start of training; names the ``step-N`` folder."""
-    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
-    """Anything else the script wants back (tensors, numbers, strings, lists, dicts)."""
-
-    def next_epoch(self) -> None:
-        """Mark the epoch finished, so a checkpoint taken now resumes at the next epoch, not the same one."""
-        self.epoch += 1
-        self.step_in_epoch = 0
-        self.samples_in_epoch = 0
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside DDP, so checkpoints load into a plain model too."""
-    inner = getattr(model, "module", None)
-    return inner if isinstance(inner, torch.nn.Module) else model
-
-
 class Checkpointer:
-    """Saves and restores everything exact resume needs; every method is called on every rank."""
+    """Saves and restores everything exact resume needs; every method is called on every rank.
+
+    Constructing one is collective too: the ranks learn which of them shares which volume (see replicas).
+
+    Args:
+        config: How and where checkpoints are written.
+        model: The model (DDP-wrapped or not: the module inside DDP is saved, so a plain model loads it too).
+        optimizer: Saved and restored with the model, if given.
+        lr_scheduler: Anything with ``state_dict``/``load_state_dict``, saved and restored with the model.
+        grad_scaler: The AMP ``GradScaler``, if any, saved and restored with the model.
+        storage: Where checkpoints live; None: ``LocalStorage`` on ``config.directory``.
+    """
 
     def __init__(
         self,
@@ -129,10 +122,7 @@ class Checkpointer:
     ) -> None:
         self.config = config
         self.storage: Storage = storage if storage is not None else LocalStorage(Path(config.directory))
-        self._model = model
-        self._optimizer = optimizer
-        self._lr_scheduler = lr_scheduler
-        self._grad_scaler = grad_scaler
+        self._saved = TrainingObjects(model, optimizer, lr_scheduler, grad_scaler)
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self._distributed else 0
         self.world_size = dist.get_world_size() if self._distributed else 1
@@ -155,61 +145,52 @@ class Checkpointer:
         #: On every rank: an asynchronous save was started and its outcome not yet agreed on (see ``wait``).
         self._async_pending = False
         self._failures = SaveFailures(self.rank, self.device, self._objects)
-        self._sigterm_at: float | None = None
-        self._preempt_flag: torch.Tensor | None = None  # preempted()'s all-reduce buffer
-        self._previous_handler: Any = None
+        self._preemption = Preemption(self.rank, lambda: self.config.sigterm_budget_seconds, self.device,
+                                      self._distributed)
         self.last_saved_step: int | None = None
         self.last_saved_time: float | None = None
         #: Seconds the last write (on this rank, its writer) and the last resume's load took: progress reports.
         self.last_save_seconds: float | None = None
         self.last_load_seconds: float | None = None
-        if config.handle_sigterm and threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if config.handle_sigterm:
+            self._preemption.install()
 
     # --- preemption ---
 
-    def _on_sigterm(self, signum: int, _frame: FrameType | None) -> None:
-        if self._sigterm_at is not None:
-            return
-        self._sigterm_at = time.monotonic()
-        budget = self.config.sigterm_budget_seconds
-        os.write(2, f"[ddpjob rank={self.rank}] SIGTERM: finishing the current step, then checkpointing "
-                    f"(budget {budget:.0f}s)\n".encode())
-        # If the final save cannot finish in time (slow disk, a peer that never answers), leave with the
-        # same non-zero code anyway; the previous checkpoint is still valid because saves are atomic.
-        watchdog = threading.Timer(budget, self._budget_exceeded)
-        watchdog.daemon = True
-        watchdog.start()
-
-    def _budget_exceeded(self) -> None:
-        os.write(2, f"[ddpjob rank={self.rank}] SIGTERM budget of {self.config.sigterm_budget_seconds:.0f}s "
-                    f"exceeded; exiting {EXIT_AFTER_SIGTERM} without a final checkpoint\n".encode())
-        os._exit(EXIT_AFTER_SIGTERM)
-
     def preempted(self) -> bool:
-        """True on every rank once any rank got SIGTERM (a pod's SIGTERM reaches only its own workers)."""
-        flag = 1.0 if self._sigterm_at is not None else 0.0
-        if not self._distributed:
-            return flag > 0
-        # One tensor per run, not one per step: on torch 2.6-2.10 a gloo group's teardown at exit can hang on the
-        # GIL while gloo's thread frees the last all-reduce's tensor (2 hangs in 6 runs on 2.10; 0 with this).
-        if self._preempt_flag is None:
-            self._preempt_flag = torch.zeros(1, device=self.device)
-        self._preempt_flag.fill_(flag)
-        dist.all_reduce(self._preempt_flag, op=dist.ReduceOp.MAX)
-        return bool(self._preempt_flag.item() > 0)
+        """Whether any rank got SIGTERM (a pod's SIGTERM reaches only its own workers); collective.
+
+        Returns:
+            The same answer on every rank: True once any of them got SIGTERM.
+        """
+        return self._preemption.anywhere()
 
     def exit_preempted(self, state: TrainState) -> NoReturn:
-        """Write the final checkpoint (blocking) and exit 143 on every rank."""
+        """Write the final checkpoint (blocking) and exit 143 on every rank.
+
+        Args:
+            state: Where training is: what the final checkpoint records.
+
+        Raises:
+            CheckpointSaveFailed: The final save failed on some writer (then nothing exits here).
+        """
         self.save(state, blocking=True)
-        spent = time.monotonic() - self._sigterm_at if self._sigterm_at is not None else 0.0
+        since = self._preemption.since
+        spent = time.monotonic() - since if since is not None else 0.0
         log.warning("preempted: checkpoint step-%d written %.1fs after SIGTERM; exiting %d",
                     state.global_step, spent, EXIT_AFTER_SIGTERM)
         sys.stderr.flush()
         os._exit(EXIT_AFTER_SIGTERM)  # not sys.exit: no atexit/destructor may hang past the budget
 
     def after_step(self, state: TrainState) -> None:
-        """Call after every optimizer step: exits after a final save when preempted, saves every N steps."""
+        """Call after every optimizer step: exits after a final save when preempted, saves every N steps.
+
+        Args:
+            state: Where training is, after this step.
+
+        Raises:
+            CheckpointSaveFailed: A save (this one or an earlier asynchronous one) failed on some writer.
+        """
         if self.config.handle_sigterm and self.preempted():
             self.exit_preempted(state)
         if self.config.every_steps and state.global_step % self.config.every_steps == 0:
@@ -218,22 +199,21 @@ class Checkpointer:
     # --- save ---
 
     def _state_dict(self, state: TrainState, rng: list[Any]) -> dict[str, Any]:
-        return {
-            "format": FORMAT_VERSION,
-            "train": dataclasses.asdict(state),
-            "world_size": self.world_size,
-            "rng": rng,
-            "model": _unwrap(self._model).state_dict(),
-            "optimizer": self._optimizer.state_dict() if self._optimizer is not None else None,
-            "lr_scheduler": self._lr_scheduler.state_dict() if self._lr_scheduler is not None else None,
-            "grad_scaler": self._grad_scaler.state_dict() if self._grad_scaler is not None else None,
-        }
+        return build_payload(state, self.world_size, rng, self._saved)
 
     def save(self, state: TrainState, *, blocking: bool | None = None) -> None:
         """Checkpoint ``state`` as ``step-<global_step>``; collective. One rank per volume writes (rank 0 alone on a
         shared volume); when this returns (sync mode) every copy is committed and every rank passed the barrier.
         A save that failed on any writer raises CheckpointSaveFailed on every rank: here in sync mode, at the next
-        ``save``/``wait``/``close`` for an asynchronous one."""
+        ``save``/``wait``/``close`` for an asynchronous one.
+
+        Args:
+            state: Where training is: saved with the model and friends, and returned by the next ``resume``.
+            blocking: Wait until the checkpoint is committed; None: unless ``config.async_save``.
+
+        Raises:
+            CheckpointSaveFailed: This save (sync mode) or the previous asynchronous one failed on some writer.
+        """
         self.wait()
         if self.incarnation is None:  # no resume(): this run starts a history of its own, from scratch
             view = fencing.gather(self._own_volume(), self._objects)
@@ -287,8 +267,12 @@ class Checkpointer:
         return self.storage if self.is_writer else None
 
     def wait(self) -> None:
-        """Block until an asynchronous save has been committed; collective. If it failed on any writer, every
-        rank raises the same CheckpointSaveFailed (naming the writer and the cause)."""
+        """Block until an asynchronous save has been committed; collective.
+
+        Raises:
+            CheckpointSaveFailed: On every rank, the same, if the save failed on any writer (naming the writer and
+                the cause).
+        """
         if not self._async_pending:  # the same on every rank: all of them started the save or none did
             return
         if self._background is not None:
@@ -298,9 +282,16 @@ class Checkpointer:
 
     # --- resume ---
 
-    def load_latest_valid(self, fences: Collection[fencing.Fence] = ()) -> tuple[int, dict[str, Any]] | None:
-        """Newest checkpoint whose checksum verifies and that none of ``fences`` makes stale, loaded; bad ones are
-        logged, set aside and skipped."""
+    def load_latest_valid(self, fences: Collection[Fence] = ()) -> tuple[int, dict[str, Any]] | None:
+        """Newest checkpoint on this rank's volume whose checksum verifies and that none of ``fences`` makes
+        stale, loaded; bad ones are logged, set aside and skipped. Not collective (``resume`` calls it on writers).
+
+        Args:
+            fences: The job's fence records (``fencing.gather``); empty: no checkpoint is stale.
+
+        Returns:
+            The step and its state, or None if the volume holds no valid checkpoint.
+        """
         self._set_aside_stale(fences)
         for step in self.storage.committed_steps():
             if fencing.stale_reason(self.storage, step, fences):
@@ -313,7 +304,7 @@ class Checkpointer:
                 self.storage.quarantine(step, str(err))
         return None
 
-    def _set_aside_stale(self, fences: Collection[fencing.Fence]) -> None:
+    def _set_aside_stale(self, fences: Collection[Fence]) -> None:
         """Move every stale checkpoint aside, older ones too: rotation never counts or deletes them."""
         for step in self.storage.committed_steps():
             if reason := fencing.stale_reason(self.storage, step, fences):
@@ -323,7 +314,12 @@ class Checkpointer:
 
     def resume(self) -> TrainState:
         """Restore the newest valid checkpoint any volume holds into the model and friends (a fresh TrainState
-        if none); ranks whose volume lacks it receive it from a peer, and their writer stores a copy."""
+        if none); ranks whose volume lacks it receive it from a peer, and their writer stores a copy.
+
+        Returns:
+            Where training is in the restored checkpoint, the same on every rank; a fresh TrainState if there was
+            none.
+        """
         started = time.monotonic()
         # A record on any volume fences checkpoints on all of them.
         view = fencing.gather(self._own_volume(), self._objects)
@@ -374,13 +370,7 @@ class Checkpointer:
         return data, origin
 
     def _restore(self, step: int, data: dict[str, Any]) -> None:
-        _unwrap(self._model).load_state_dict(data["model"])
-        if self._optimizer is not None and data["optimizer"] is not None:
-            self._optimizer.load_state_dict(data["optimizer"])
-        if self._lr_scheduler is not None and data["lr_scheduler"] is not None:
-            self._lr_scheduler.load_state_dict(data["lr_scheduler"])
-        if self._grad_scaler is not None and data["grad_scaler"] is not None:
-            self._grad_scaler.load_state_dict(data["grad_scaler"])
+        self._saved.load(data)
         rngs = data["rng"]
         if len(rngs) == self.world_size:
             restore_rng(rngs[self.rank], self.device)
@@ -390,12 +380,14 @@ class Checkpointer:
                  "the checkpoint's states (docs/checkpoints.md)", step, len(rngs), self.world_size, self.rank, seed)
 
     def close(self) -> None:
-        """Wait for a pending save (collective: raises if it failed), free the staging buffers and give SIGTERM
-        back to its previous handler."""
+        """Wait for a pending save (collective), free the staging buffers and give SIGTERM back to its previous
+        handler.
+
+        Raises:
+            CheckpointSaveFailed: The pending asynchronous save failed on some writer.
+        """
         try:
             self.wait()
         finally:
             self._background = None  # frees the staging buffers
-            if self._previous_handler is not None:
-                signal.signal(signal.SIGTERM, self._previous_handler)
-                self._previous_handler = None
+            self._preemption.uninstall()

@@ -8,12 +8,13 @@ import contextlib
 import dataclasses
 import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from ddpjob_worker.storage import Storage
+# Fence is defined with the Storage interface that stores it; re-exported here, where it has always been imported.
+from ddpjob_worker.storage_api import Fence as Fence
+from ddpjob_worker.storage_api import Storage
 
 #: The completion marker's ``meta`` key naming the incarnation that committed a checkpoint. A marker without it
 #: (written before fencing existed) counts as incarnation 0, which every recorded incarnation follows.
@@ -21,16 +22,6 @@ INCARNATION = "incarnation"
 #: The folder of fence records on a checkpoint volume, one file per record.
 FENCE_DIR = "fence"
 _RECORD = re.compile(r"incarnation-(\d+)-resumed-from-(\d+|none)\.json")
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Fence:
-    """One incarnation's record: from now on, checkpoints of earlier incarnations past ``resumed_from`` are stale."""
-
-    incarnation: int
-    """Numbers the starts of the process group on the job's volumes, from 1; a later start gets a higher one."""
-    resumed_from: int | None
-    """The step this incarnation resumed from; None: it started from scratch."""
 
 
 def record_name(fence: Fence) -> str:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+__all__ = ["BatchPlan", "plan_batches", "suggest"]
+
 
 @dataclass(frozen=True, slots=True)
 class BatchPlan:
@@ -24,8 +26,11 @@ class BatchPlan:
     (``accumulation``) and the world size they were planned for."""
 
     micro_batch: int
+    """Samples per rank per forward/backward pass."""
     accumulation: int
+    """Micro-batches per optimizer step (gradient accumulation); 1: every micro-batch steps."""
     world: int
+    """The world size the plan is for."""
 
     @property
     def global_batch(self) -> int:
@@ -43,7 +48,19 @@ def plan_batches(world: int, micro_batch: int, global_batch: int = 0) -> BatchPl
     ``micro_batch`` samples (the global batch then grows with the world); with it, the largest micro-batch of at
     most ``micro_batch`` samples that divides the rank's share, and as many of them as the share needs.
 
-    Raises ValueError naming the fix when ``global_batch`` does not split evenly among ``world`` ranks."""
+    Args:
+        world: The world size (ranks of the job now).
+        micro_batch: The most samples one rank may take per forward/backward pass (what fits in its memory).
+        global_batch: Samples per optimizer step, all ranks together; 0: ``micro_batch`` per rank, whatever the
+            world size.
+
+    Returns:
+        The plan.
+
+    Raises:
+        ValueError: An argument is out of range, or ``global_batch`` does not split evenly among ``world`` ranks
+            (the message names a global batch that does).
+    """
     if world < 1 or micro_batch < 1 or global_batch < 0:
         raise ValueError(f"world ({world}) and micro_batch ({micro_batch}) must be >= 1, global_batch "
                          f"({global_batch}) >= 0")
@@ -58,6 +75,14 @@ def plan_batches(world: int, micro_batch: int, global_batch: int = 0) -> BatchPl
 
 
 def suggest(global_batch: int, max_world: int) -> int:
-    """The smallest multiple of lcm(1..max_world) that is at least ``global_batch``."""
+    """The smallest multiple of lcm(1..max_world) that is at least ``global_batch``.
+
+    Args:
+        global_batch: The global batch asked for.
+        max_world: The largest world size the job may run with.
+
+    Returns:
+        A global batch that splits evenly among any world size from 1 to ``max_world``.
+    """
     lcm = math.lcm(*range(1, max_world + 1))
     return -(-global_batch // lcm) * lcm

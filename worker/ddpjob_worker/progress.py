@@ -3,39 +3,47 @@
 use it still reports its steps: the recorded runner counts them (ddpjob_worker.autoprogress) and sends them
 through the same path, unless the script creates a reporter of its own.
 
-The status patch goes over HTTPS with the standard library only (InClusterApi), not the ``kubernetes`` client: the
-runtime is injected into users' own images, which have Python and torch and nothing else."""
+The status patch goes over HTTPS with the standard library only (ddpjob_worker.statusclient, whose names this module
+re-exports): the runtime is injected into users' own images, which have Python and torch and nothing else."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
 import os
-import ssl
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
-from urllib.parse import quote
+from typing import Any
 
 from ddpjob_worker import contract
 from ddpjob_worker.logs import get_logger
 from ddpjob_worker.sender import Sender
 
+# The status client, re-exported (in __all__): these names were defined here before statusclient held them.
+from ddpjob_worker.statusclient import (
+    GROUP,
+    MERGE_PATCH,
+    PLURAL,
+    REQUEST_TIMEOUT_SECONDS,
+    SERVICE_ACCOUNT_DIR,
+    VERSION,
+    ApiError,
+    InClusterApi,
+    StatusApi,
+    patch_progress,
+)
+
+__all__ = ["GROUP", "MERGE_PATCH", "PLURAL", "REQUEST_TIMEOUT_SECONDS", "SERVICE_ACCOUNT_DIR", "SOURCE_OPTIMIZER",
+           "SOURCE_REPORTER", "VERSION", "ApiError", "InClusterApi", "ProgressReporter", "StatusApi", "patch_progress",
+           "rfc3339", "rfc3339_ms", "script_reports"]
+
 log = get_logger("progress")
 
-GROUP, VERSION, PLURAL = "ddpjob.io", "v1alpha1", "ddpjobs"
 #: ``status.progress.source``: the script's own ProgressReporter, or the optimizer steps the runtime counted.
 SOURCE_REPORTER = "Reporter"
 SOURCE_OPTIMIZER = "OptimizerSteps"
-#: Seconds one status patch may take: a hung API server must not hold a report (or the exit that flushes it).
-REQUEST_TIMEOUT_SECONDS = 10
-#: Where Kubernetes mounts the pod's service account: ``token`` (a bound token the kubelet rotates, hourly by
-#: default), ``ca.crt`` (the cluster CA that signed the API server's certificate).
-SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
-MERGE_PATCH = "application/merge-patch+json"
 
 # Set once the script in this process creates a ProgressReporter: its richer report then owns status.progress, and
 # the runtime's step counter sends nothing, so no step is ever reported twice. At creation, not at the first
@@ -45,111 +53,49 @@ _script_reports = threading.Event()
 
 
 def script_reports() -> bool:
-    """Whether the script in this process reports its own progress (it created a ProgressReporter)."""
+    """Whether the script in this process reports its own progress.
+
+    Returns:
+        True once the script created a ProgressReporter (the runtime's step counter then sends nothing).
+    """
     return _script_reports.is_set()
 
 
 def rfc3339(ts: float | None = None) -> str:
-    """UTC time as Kubernetes writes it."""
+    """UTC time as Kubernetes writes it.
+
+    Args:
+        ts: Seconds since the epoch; None: now.
+
+    Returns:
+        ``YYYY-MM-DDTHH:MM:SSZ``.
+    """
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
 
 
 def rfc3339_ms(ts: float) -> str:
-    """UTC time with milliseconds (RFC 3339; the recovery clock needs better than Kubernetes' seconds)."""
+    """UTC time with milliseconds (RFC 3339; the recovery clock needs better than Kubernetes' seconds).
+
+    Args:
+        ts: Seconds since the epoch.
+
+    Returns:
+        ``YYYY-MM-DDTHH:MM:SS.mmmZ``.
+    """
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts * 1000) % 1000:03d}Z"
-
-
-class StatusApi(Protocol):
-    """What the reporter needs of an API client: the ``kubernetes`` client's CustomObjectsApi method of that name, so
-    that client (or a test's fake) can stand in for InClusterApi."""
-
-    def patch_namespaced_custom_object_status(self, group: str, version: str, namespace: str, plural: str,
-                                              name: str, body: Any, **kwargs: Any) -> Any: ...
-
-
-class ApiError(Exception):
-    """The status patch failed: no in-cluster configuration, or the API server refused or did not answer."""
-
-
-class InClusterApi:
-    """The one call the reporter makes, with the standard library: an HTTPS merge patch of a custom object's status,
-    authenticated as the pod's service account (in-cluster configuration, as the ``kubernetes`` client's
-    ``load_incluster_config`` reads it)."""
-
-    def __init__(self, host: str, port: int, token_file: Path, ca_file: Path) -> None:
-        self.host, self.port, self.token_file = host, port, token_file
-        # Loaded once, like the kubernetes client does; it verifies the server's name too (the Service's IP is in
-        # the API server's certificate).
-        self._tls = ssl.create_default_context(cafile=str(ca_file))
-
-    @classmethod
-    def from_environ(cls, environ: Mapping[str, str], directory: Path | None = None) -> InClusterApi:
-        """The API server's Service from the environment the kubelet sets, the credentials from ``directory``
-        (default SERVICE_ACCOUNT_DIR). ApiError when the pod is not in a cluster or has no service account token."""
-        host, port = environ.get("KUBERNETES_SERVICE_HOST", ""), environ.get("KUBERNETES_SERVICE_PORT", "")
-        if not host or not port.isdigit():
-            raise ApiError("not in a cluster (KUBERNETES_SERVICE_HOST/KUBERNETES_SERVICE_PORT not set)")
-        directory = SERVICE_ACCOUNT_DIR if directory is None else directory
-        token, ca = directory / "token", directory / "ca.crt"
-        if not token.is_file() or not ca.is_file():
-            raise ApiError(f"no service account token or CA in {directory} (automountServiceAccountToken off?)")
-        try:
-            return cls(host, int(port), token, ca)
-        except (OSError, ssl.SSLError) as err:
-            raise ApiError(f"cannot load the cluster CA {ca}: {err}") from err
-
-    def _token(self) -> str:
-        # Read at every request, not once: bound tokens rotate (the kubelet swaps the file well before expiry),
-        # and a patch every few seconds at most makes the read free.
-        try:
-            return self.token_file.read_text().strip()
-        except OSError as err:
-            raise ApiError(f"cannot read the service account token {self.token_file}: {err}") from err
-
-    def patch_namespaced_custom_object_status(self, group: str, version: str, namespace: str, plural: str,
-                                              name: str, body: Any, *, _content_type: str = MERGE_PATCH,
-                                              _request_timeout: float = REQUEST_TIMEOUT_SECONDS,
-                                              **_: Any) -> None:
-        """PATCH ``/apis/<group>/<version>/namespaces/<ns>/<plural>/<name>/status`` with ``body``; ApiError unless
-        the server accepts it. ``_request_timeout`` bounds the connection, the TLS handshake and each read."""
-        path = "/apis/{}/{}/namespaces/{}/{}/{}/status".format(*(quote(p, safe="") for p in (
-            group, version, namespace, plural, name)))
-        headers = {"Authorization": f"Bearer {self._token()}", "Content-Type": _content_type,
-                   "Accept": "application/json", "User-Agent": "ddpjob-worker"}
-        conn = http.client.HTTPSConnection(self.host, self.port, timeout=_request_timeout, context=self._tls)
-        try:
-            conn.request("PATCH", path, body=json.dumps(body).encode(), headers=headers)
-            response = conn.getresponse()
-            data = response.read()
-        except (OSError, http.client.HTTPException) as err:  # refused, TLS, timeout (socket.timeout is an OSError)
-            raise ApiError(f"PATCH {path}: {str(err) or type(err).__name__}") from err
-        finally:
-            conn.close()
-        if not 200 <= response.status < 300:
-            raise ApiError(f"PATCH {path}: {response.status} {response.reason}: {_status_message(data)}")
-
-
-def _status_message(data: bytes) -> str:
-    """The message of a Kubernetes Status answer (why a request was refused), else the start of the body."""
-    try:
-        return str(json.loads(data)["message"])
-    except (ValueError, KeyError, TypeError):
-        return data[:200].decode(errors="replace")
-
-
-def patch_progress(api: StatusApi, namespace: str, name: str, progress: Mapping[str, Any]) -> None:
-    """Merge ``progress`` into the DDPJob's status.progress (the one part of its status a worker may write)."""
-    api.patch_namespaced_custom_object_status(
-        GROUP, VERSION, namespace, PLURAL, name, {"status": {"progress": progress}},
-        _content_type=MERGE_PATCH,  # the kubernetes client's default is a JSON *patch*
-        _request_timeout=REQUEST_TIMEOUT_SECONDS,
-    )
 
 
 class ProgressReporter:
     """Throttled, fail-soft reporting. Only rank 0 reports; on other ranks every call is a no-op. Any trouble
     (no cluster, no RBAC, API server down) is logged once and training goes on: progress is a convenience. The
-    patches go out from a thread of their own (sender.py), so a slow API server never holds a training step."""
+    patches go out from a thread of their own (sender.py), so a slow API server never holds a training step.
+
+    Args:
+        interval_seconds: The least time between two reports sent (``report(force=True)`` sends at once).
+        environ: Where the job's name, namespace and rank come from; None: this process's environment.
+        api: The API client; None: InClusterApi, made at the first report.
+        total_steps: The global step training ends at, if known (``status.progress.totalSteps``).
+    """
 
     #: A script's own reporter owns status.progress from its creation on (the runtime's counter then stays quiet).
     owns_progress = True
@@ -190,8 +136,12 @@ class ProgressReporter:
         return self._api
 
     def resumed(self, at: float | None = None, *, seconds: float | None = None) -> None:
-        """Call right after ``Checkpointer.resume()`` returns: the checkpoint-loaded phase of the recovery clock;
-        ``seconds``, how long the load took (``Checkpointer.last_load_seconds``; None: nothing was loaded)."""
+        """Call right after ``Checkpointer.resume()`` returns: the checkpoint-loaded phase of the recovery clock.
+
+        Args:
+            at: When the checkpoint was loaded (``time.time()``); None: now.
+            seconds: How long the load took (``Checkpointer.last_load_seconds``; None: nothing was loaded).
+        """
         self.start["checkpointLoadedTime"] = rfc3339_ms(time.time() if at is None else at)
         if seconds is not None:
             self.start["checkpointLoadSeconds"] = round(float(seconds), 3)
@@ -200,7 +150,17 @@ class ProgressReporter:
                checkpoint_step: int | None = None, checkpoint_time: float | None = None,
                checkpoint_seconds: float | None = None, force: bool = False) -> None:
         """Record progress; sent at most once per interval unless ``force`` (e.g. right after a checkpoint).
-        ``checkpoint_seconds``: how long that checkpoint's write took (``Checkpointer.last_save_seconds``)."""
+
+        Args:
+            epoch: The epoch in progress.
+            step: Optimizer steps done in ``epoch``.
+            global_step: Optimizer steps done since the start of training.
+            loss: The latest loss, if any (NaN or infinite clears it).
+            checkpoint_step: The step of the last checkpoint (``Checkpointer.last_saved_step``), if any.
+            checkpoint_time: When it was saved (``Checkpointer.last_saved_time``); None: now.
+            checkpoint_seconds: How long its write took (``Checkpointer.last_save_seconds``).
+            force: Send now, whatever the interval.
+        """
         if not self.enabled:
             return
         progress: dict[str, Any] = {"epoch": epoch, "step": step, "globalStep": global_step,
@@ -218,9 +178,14 @@ class ProgressReporter:
         self._record(progress, time.time(), force)
 
     def report_steps(self, steps: int, last_step: float, first_step: float) -> None:
-        """The runtime's report for a script that reports nothing itself (ddpjob_worker.autoprogress): ``steps``
-        optimizer steps since this trainer started, the last at ``last_step``, the first at ``first_step``. Sent
-        at once: the caller keeps the interval."""
+        """The runtime's report for a script that reports nothing itself (ddpjob_worker.autoprogress). Sent at
+        once: the caller keeps the interval.
+
+        Args:
+            steps: Optimizer steps since this trainer started.
+            last_step: When the last of them was done (``time.time()``).
+            first_step: When the first of them was done.
+        """
         if self.enabled:
             self.start.setdefault("firstStepTime", rfc3339_ms(first_step))
             self._record({"globalStep": steps, "source": SOURCE_OPTIMIZER}, last_step, True)
@@ -235,7 +200,11 @@ class ProgressReporter:
 
     def announce_finish(self, at: float | None = None) -> None:
         """Tell the operator that this group's script returned normally (``progress.finishTime``): no step is due
-        any more, only the workers' exit. Sent whoever owns the rest of status.progress."""
+        any more, only the workers' exit. Sent whoever owns the rest of status.progress.
+
+        Args:
+            at: When the script returned (``time.time()``); None: now.
+        """
         if self.enabled and self._cluster:
             self._patch({"finishTime": rfc3339_ms(time.time() if at is None else at)})
 
@@ -276,7 +245,14 @@ class ProgressReporter:
         self._sender.submit(progress)
 
     def drain(self, timeout: float = REQUEST_TIMEOUT_SECONDS) -> bool:
-        """Wait until every report handed over so far was sent (or failed); True if that took under ``timeout``."""
+        """Wait until every report handed over so far was sent (or failed).
+
+        Args:
+            timeout: The most seconds to wait.
+
+        Returns:
+            True if every report was sent (or failed) in time.
+        """
         return self._sender.drain(timeout)
 
     def _send_now(self, progress: Mapping[str, Any]) -> None:

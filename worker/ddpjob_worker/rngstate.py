@@ -22,7 +22,14 @@ def capture_rng(device: torch.device | None = None) -> dict[str, Any]:
     """This process's RNG states (python, numpy legacy global, torch CPU, and CUDA: that of ``device``, the
     model's, when it is a GPU; else the current device's). The model's device, not the current one: a script
     that never calls torch.cuda.set_device (the DDP tutorial's) draws on cuda:RANK while the current device is
-    cuda:0 on every rank."""
+    cuda:0 on every rank.
+
+    Args:
+        device: The model's device; None: the current CUDA device's state, if CUDA is initialized.
+
+    Returns:
+        The states by generator (``python``, ``numpy``, ``torch``, and ``cuda`` where it applies), for restore_rng.
+    """
     np_state = np.random.get_state(legacy=True)
     assert isinstance(np_state, tuple)
     state: dict[str, Any] = {

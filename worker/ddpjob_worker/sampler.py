@@ -18,10 +18,23 @@ from typing import Any
 import torch
 from torch.utils.data import DistributedSampler
 
+__all__ = ["ElasticDistributedSampler", "ResumableDistributedSampler", "remaining_count", "remaining_order"]
+
 
 def remaining_order(order: list[int], start: int, replicas: int, drop_last: bool) -> list[int]:
     """What is left of an epoch's ``order`` from global position ``start``, cut or padded to a multiple of
-    ``replicas``: padding repeats the epoch's first indices, as ``DistributedSampler`` pads the whole epoch."""
+    ``replicas``: padding repeats the epoch's first indices, as ``DistributedSampler`` pads the whole epoch.
+
+    Args:
+        order: The epoch's whole order (dataset indices).
+        start: The global position the rest begins at: samples of ``order`` already consumed.
+        replicas: The world size the rest is dealt out to.
+        drop_last: Cut the tail that does not fill a round instead of padding it.
+
+    Returns:
+        The rest of the order, its length a multiple of ``replicas``; rank r takes every ``replicas``-th index
+        from position r.
+    """
     rest = order[start:]
     if drop_last:
         return rest[:len(rest) - len(rest) % replicas]
@@ -32,7 +45,17 @@ def remaining_order(order: list[int], start: int, replicas: int, drop_last: bool
 
 
 def remaining_count(total: int, start: int, replicas: int, drop_last: bool) -> int:
-    """``len(remaining_order(...))`` without drawing the order."""
+    """``len(remaining_order(...))`` without drawing the order.
+
+    Args:
+        total: The epoch's length (the dataset's).
+        start: The global position the rest begins at.
+        replicas: The world size the rest is dealt out to.
+        drop_last: Cut the tail that does not fill a round instead of padding it.
+
+    Returns:
+        How many indices the rest holds, all ranks together.
+    """
     left = max(0, total - start)
     return left - left % replicas if drop_last else math.ceil(left / replicas) * replicas
 
@@ -48,28 +71,61 @@ class ElasticDistributedSampler(DistributedSampler[Any]):
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Takes ``DistributedSampler``'s arguments; the epoch starts at its beginning until told otherwise.
+
+        Args:
+            *args: ``DistributedSampler``'s: ``dataset``, ``num_replicas``, ``rank``, ``shuffle``, ``seed``,
+                ``drop_last``.
+            **kwargs: The same, by name.
+        """
         super().__init__(*args, **kwargs)
         self._start = 0  # where the next iteration starts (once: then the epoch's start again)
         self._began = 0  # where the current iteration started
 
     def set_epoch(self, epoch: int, consumed: int = 0) -> None:
-        """Iterate epoch ``epoch`` next, from global position ``consumed`` (0: its start)."""
+        """Iterate epoch ``epoch`` next, from global position ``consumed`` (0: its start).
+
+        Args:
+            epoch: The epoch: with ``seed``, it draws the epoch's order.
+            consumed: What ``position`` returned when the checkpoint was taken (``TrainState.samples_in_epoch``).
+
+        Raises:
+            ValueError: ``consumed`` is negative.
+        """
         super().set_epoch(epoch)
         self.resume_at(consumed)
 
     def resume_at(self, consumed: int) -> None:
-        """The next iteration starts at global position ``consumed`` of the epoch (once)."""
+        """The next iteration starts at global position ``consumed`` of the epoch (once).
+
+        Args:
+            consumed: Samples of the epoch's order the whole job has consumed; past the end, the epoch is done.
+
+        Raises:
+            ValueError: ``consumed`` is negative.
+        """
         if consumed < 0:
             raise ValueError(f"consumed must be >= 0 samples, got {consumed}")
         self._start = self._began = min(consumed, len(self.dataset))  # type: ignore[arg-type]
 
     def position(self, local_samples: int) -> int:
         """The epoch's global position once this rank has consumed ``local_samples`` samples of the current
-        iteration (every rank the same number): what a checkpoint records to resume from."""
+        iteration (every rank the same number): what a checkpoint records to resume from.
+
+        Args:
+            local_samples: Samples this rank has consumed since the iteration began (batches x batch size).
+
+        Returns:
+            The global position, at most the dataset's length.
+        """
         return min(len(self.dataset), self._began + local_samples * self.num_replicas)  # type: ignore[arg-type]
 
     def order(self) -> list[int]:
-        """The epoch's whole order, before padding or cutting (``DistributedSampler``'s permutation)."""
+        """The epoch's whole order, before padding or cutting.
+
+        Returns:
+            ``DistributedSampler``'s permutation of the dataset's indices for this epoch (``range`` unshuffled).
+        """
         total = len(self.dataset)  # type: ignore[arg-type]
         if not self.shuffle:
             return list(range(total))
@@ -79,7 +135,11 @@ class ElasticDistributedSampler(DistributedSampler[Any]):
 
     def rank_indices(self) -> list[int]:
         """What the next iteration yields on this rank, without starting it (to record which samples a step
-        consumed: micro-batch i of b samples is ``rank_indices()[i * b:(i + 1) * b]``)."""
+        consumed: micro-batch i of b samples is ``rank_indices()[i * b:(i + 1) * b]``).
+
+        Returns:
+            This rank's indices, in the order the iteration yields them.
+        """
         rest = remaining_order(self.order(), self._start, self.num_replicas, self.drop_last)
         return rest[self.rank::self.num_replicas]
 
@@ -99,5 +159,9 @@ class ResumableDistributedSampler(ElasticDistributedSampler):
     ``ElasticDistributedSampler.set_epoch(epoch, consumed=...)`` where it may change."""
 
     def skip(self, samples: int) -> None:
-        """Drop the first ``samples`` indices of the next epoch iteration (once)."""
+        """Drop the first ``samples`` indices of the next epoch iteration (once).
+
+        Args:
+            samples: This rank's samples already consumed in the epoch (steps x batch size); negative counts as 0.
+        """
         self.resume_at(max(0, samples) * self.num_replicas)

@@ -150,7 +150,11 @@ class BackgroundWriter:
 
 
 class CheckpointSaveFailed(RuntimeError):
-    """A save failed on some writer rank; every rank raises this, with the same message."""
+    """A save failed on some writer rank; every rank raises this, with the same message.
+
+    Args:
+        failures: (writer rank, step, cause) for each writer whose save failed.
+    """
 
     def __init__(self, failures: list[tuple[int, int, str]]) -> None:
         #: (writer rank, step, cause) for each writer whose save failed.

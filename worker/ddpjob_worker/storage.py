@@ -3,7 +3,7 @@
 A folder is written under a temporary name (payload -> fsync -> marker with the payload's SHA-256 -> fsync ->
 rename -> fsync of the parent), so a crash at any instant leaves either the complete folder or none; a folder without
 its marker, or whose payload no longer matches the marker's digest, is never loaded. The ``fence`` folder beside them
-holds the fencing records (see fencing), one small file each.
+holds the fencing records (see fencing), one small file each. LocalStorage implements storage_api's ``Storage``.
 """
 
 from __future__ import annotations
@@ -19,11 +19,17 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from ddpjob_worker.fencing import FENCE_DIR, Fence, parse_record_name, record_name
+from ddpjob_worker.fencing import FENCE_DIR, parse_record_name, record_name
+
+# The interface this module implements, re-exported: these names have always been imported from here too.
+from ddpjob_worker.storage_api import CorruptCheckpoint as CorruptCheckpoint
+from ddpjob_worker.storage_api import Fence
+from ddpjob_worker.storage_api import Manifest as Manifest
+from ddpjob_worker.storage_api import Storage as Storage
 
 #: The completion marker; its presence is what makes a step folder a checkpoint.
 MARKER = "COMPLETE.json"
@@ -33,65 +39,6 @@ PAYLOAD = "state.pt"
 VOLUME_ID = ".volume-id"
 _STEP_PREFIX = "step-"
 _CHUNK = 8 << 20
-
-
-@dataclass(frozen=True, slots=True)
-class Manifest:
-    """What the completion marker records about one checkpoint."""
-
-    step: int
-    sha256: str
-    size: int
-    created: str
-    meta: dict[str, Any]
-
-
-class Storage(Protocol):
-    """The storage a Checkpointer needs; LocalStorage implements it on a POSIX directory (a PVC in a pod)."""
-
-    def committed_steps(self) -> list[int]:
-        """Steps that have a completion marker, newest first (not yet verified)."""
-        ...
-
-    def write(self, step: int, state: Mapping[str, Any], meta: Mapping[str, Any], *,
-              before_commit: Callable[[], None] | None = None) -> Manifest:
-        """Serialize ``state`` as checkpoint ``step`` atomically; a crash inside leaves no ``step`` visible, and so
-        does an exception from ``before_commit`` (called when everything but the commit is done)."""
-        ...
-
-    def read_manifest(self, step: int) -> Manifest:
-        """The parsed completion marker of ``step``."""
-        ...
-
-    def read(self, step: int, map_location: Any, *, verify: bool) -> dict[str, Any]:
-        """Load checkpoint ``step``; with ``verify``, raise CorruptCheckpoint unless its checksum matches."""
-        ...
-
-    def quarantine(self, step: int, reason: str, *, label: str = "corrupt") -> None:
-        """Move a bad checkpoint aside as ``<label>-step-N-<time>`` (kept for inspection, never loaded again)."""
-        ...
-
-    def purge(self, keep: int, protect: int | None = None, valid: Callable[[int], bool] | None = None) -> list[int]:
-        """Delete all but the newest ``keep`` checkpoints (never ``protect``) and leftovers of crashed saves; steps
-        that ``valid`` rejects neither count towards ``keep`` nor are deleted."""
-        ...
-
-    def fences(self) -> list[Fence]:
-        """The fence records this storage holds (see fencing), lowest incarnation first."""
-        ...
-
-    def add_fence(self, fence: Fence) -> None:
-        """Store a fence record durably; storing one that exists changes nothing."""
-        ...
-
-    def volume_id(self) -> str:
-        """The same string for every process that sees this storage (a shared volume), another one for a
-        storage of its own (a pod's emptyDir); created on first use."""
-        ...
-
-
-class CorruptCheckpoint(Exception):
-    """A committed checkpoint whose payload does not match its completion marker."""
 
 
 class _FollowingHasher:

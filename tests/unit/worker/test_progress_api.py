@@ -1,4 +1,4 @@
-"""The progress reporter's own API client (ddpjob_worker.progress.InClusterApi), against a local HTTPS server with a
+"""The progress reporter's own API client (ddpjob_worker.statusclient.InClusterApi), against a local HTTPS server with a
 certificate from a local CA: the request the API server gets, the rotated token, refusals and a server that hangs."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from ddpjob_worker import contract, progress
+from ddpjob_worker import contract, progress, statusclient
 from ddpjob_worker.progress import ApiError, InClusterApi, ProgressReporter
 
 ENV = {contract.DDPJOB_NAME: "charlm", contract.DDPJOB_NAMESPACE: "ml", contract.DDPJOB_REPORT_PROGRESS: "1",
@@ -160,7 +160,7 @@ def test_in_cluster_configuration_comes_from_the_pods_environment_and_service_ac
         server: FakeApiServer, service_account: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "127.0.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(server.port))
-    monkeypatch.setattr(progress, "SERVICE_ACCOUNT_DIR", service_account)
+    monkeypatch.setattr(statusclient, "SERVICE_ACCOUNT_DIR", service_account)
     reporter = ProgressReporter(environ=ENV)
     reporter.report(epoch=0, step=1, global_step=1)
     assert reporter.drain(5)
@@ -183,7 +183,7 @@ def test_a_server_that_never_answers_slows_no_training_step_and_is_timed_out(
         server: FakeApiServer, service_account: Path, monkeypatch: pytest.MonkeyPatch,
         warnings_seen: pytest.LogCaptureFixture) -> None:
     server.hang = True
-    monkeypatch.setattr(progress, "REQUEST_TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(statusclient, "REQUEST_TIMEOUT_SECONDS", 0.5)
     reporter = ProgressReporter(environ=ENV, api=api_for(server, service_account), interval_seconds=0)
     t0 = time.monotonic()
     for step in range(1, 51):  # 50 training steps, each reporting, while the server holds every request
