@@ -70,6 +70,10 @@ run-local: venv ## Run the CPU example DDPJob locally with `ddpjob run` (no Kube
 bench: venv tools ## Run the benchmarks (operator scale; checkpoint and worker benchmarks live in bench/ too)
 	$(PY) bench/operator_scale.py --jobs 1 100 500 --out docs/bench
 
+.PHONY: bench-replication
+bench-replication: venv tools ## Replication of a script's 1 GB checkpoints: step time off/on, copy lag, restore from a peer and from S3
+	$(PY) bench/replication_bench.py --size-mb 1024 --every 40 --steps 160 --repeats 2
+
 .PHONY: bench-recovery
 bench-recovery: venv tools node-tools images ## Faults of 3 kinds x 5 on a real node, spares 0 and 1: recovery phases p50/p95
 	$(PY) bench/recovery.py --faults 5 --spares 0 1 --out docs/bench

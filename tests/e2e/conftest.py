@@ -166,3 +166,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (item.name != "test_up_down_leaves_nothing",
                                  item.get_closest_marker("uninstalls") is not None,
                                  item.get_closest_marker("exclusive") is not None))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _object_store_server() -> Iterator[None]:
+    """Stops the session's S3 server (tests/e2e/objectstores.py) if a run started it."""
+    yield
+    from tests.e2e import objectstores
+
+    objectstores.stop()

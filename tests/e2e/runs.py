@@ -69,9 +69,11 @@ captured under "logs" (pod@uid -> text) for pods that faults replaced."""
 def run_job(env: Env, label: str, scenario: Scenario | None = None, *, claim: bool = True,
             args: list[str] | None = None, run_policy: dict[str, Any] | None = None,
             timeout: float = t.RUN_TIMEOUT, setup: Callable[[str], None] | None = None, inspect: bool = True,
-            after: Callable[[str], dict[str, Any]] | None = None, **manifest: Any) -> Run:
+            after: Callable[[str], dict[str, Any]] | None = None,
+            checkpoint_from: Callable[[], dict[str, Any]] | None = None, **manifest: Any) -> Run:
     """Create the DDPJob, run ``scenario`` against it, wait for Succeeded, read everything, delete the namespace.
-    ``setup(namespace)`` runs before the job is created (a Kueue LocalQueue); ``inspect=False``: the trainer
+    ``setup(namespace)`` runs before the job is created (a Kueue LocalQueue, an object store's Secret);
+    ``checkpoint_from()``: fields of spec.checkpoint known only after setup; ``inspect=False``: the trainer
     writes no final.pt to inspect on the claim (a user's own script); ``after(namespace)`` runs once the job
     Succeeded, before the namespace goes (reading its volume), and adds to ``extra``."""
     cluster = env.cluster
@@ -80,6 +82,8 @@ def run_job(env: Env, label: str, scenario: Scenario | None = None, *, claim: bo
         if setup is not None:
             setup(ns)
         t0 = time.monotonic()
+        if checkpoint_from is not None:
+            manifest["checkpoint"] = checkpoint_from()
         manifest = t.ddpjob_manifest(JOB, ns, node_selector=env.node_selector, args=args, claim=claim,
                                      run_policy=run_policy, **manifest)
         cluster.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))

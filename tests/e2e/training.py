@@ -60,7 +60,8 @@ TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 
 STEP_RE = re.compile(r"rank=(\d+)/\d+\] ddpjob\.charlm: epoch (\d+) step (\d+)/\d+ loss ([0-9.]+)")
 RESUMED_RE = re.compile(r"resumed from checkpoint step-(\d+)")
-DIGEST_RE = re.compile(r"final parameters sha256 ([0-9a-f]{64})")
+#: charlm's and the plain tutorial's line, or the framework scripts' (tests/e2e/scripts/frameworks/).
+DIGEST_RE = re.compile(r"(?:final parameters sha256 |FINAL_PARAMS_SHA256=)([0-9a-f]{64})")
 
 # Run in a helper pod on the checkpoint volume after the job: which checkpoints exist, and a digest of the
 # final parameters over every tensor's exact bytes (names sorted), so "equal" means bitwise equal.
@@ -184,13 +185,15 @@ def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: 
                     claim: bool = True, run_policy: dict[str, Any] | None = None,
                     pod_spec: dict[str, Any] | None = None, access_mode: str = "ReadWriteOnce",
                     spares: int = 0, labels: dict[str, str] | None = None, image: str | None = None,
-                    command: list[str] | None = None, elastic: dict[str, int] | None = None) -> dict[str, Any]:
+                    command: list[str] | None = None, elastic: dict[str, int] | None = None,
+                    checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
     """The job as a user writes it: the cluster's default StorageClass and no securityContext, so the operator's
     fsGroup default is what makes the root-owned volume writable for the worker (UID 10001). ``claim=False``: no
     checkpoint section at all, the API default (a per-pod emptyDir). ``pod_spec`` adds fields to the template's pod
     spec (affinity, tolerations); ``labels`` go on the DDPJob (Kueue's queue and priority). ``image`` and
     ``command``: a user's own image and its command (instead of the worker image and the trainer's args);
-    ``elastic``: the job's ``spec.elastic`` (minReplicas, maxReplicas)."""
+    ``elastic``: the job's ``spec.elastic`` (minReplicas, maxReplicas); ``checkpoint``: fields added to
+    ``spec.checkpoint`` (an objectStore, replication settings)."""
     run: dict[str, Any] = {"command": command} if command else {"args": args or TRAINER_ARGS}
     pod_spec = pod_spec or {}
     spec: dict[str, Any] = {
@@ -219,6 +222,8 @@ def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: 
     if claim:
         volume_claim: dict[str, Any] = {"size": "1Gi", "accessModes": [access_mode]}
         spec["checkpoint"] = {"mountPath": "/checkpoints", "volumeClaim": volume_claim, "retainOnDelete": False}
+    if checkpoint:
+        spec["checkpoint"] = {**spec.get("checkpoint", {}), **checkpoint}
     meta: dict[str, Any] = {"name": name, "namespace": ns, **({"labels": labels} if labels else {})}
     return {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": meta, "spec": spec}
 

@@ -142,7 +142,11 @@ class Scanner:
                 self._pending[path] = (current, now)
                 if not force:
                     continue
-            quiet_enough = force or now - self._pending[path][1] >= self.quiet
+            # A file whose format vouches for it (a zip's end record, a safetensors header, a JSON document) settles
+            # once no process has it open; others need the quiet time too, as does everything where /proc cannot
+            # tell who writes.
+            vouched = writing is not None and units.self_checking(path, self.root)
+            quiet_enough = force or vouched or now - self._pending[path][1] >= self.quiet
             if not quiet_enough or (writing is not None and path in writing):
                 continue
             if units.whole(str(self.root / path), current.size):

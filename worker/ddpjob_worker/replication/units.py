@@ -25,7 +25,7 @@ import struct
 import zipfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 #: Rank 0 of the Hugging Face Trainer writes it last into ``checkpoint-N/`` (Trainer._save_checkpoint).
@@ -130,6 +130,18 @@ def newest_complete(units: Mapping[str, Judgement]) -> dict[tuple[str, str], str
 
 #: Bytes read from a file's start: a safetensors header of this size covers models of thousands of tensors.
 HEAD_BYTES = 1 << 20
+
+
+def self_checking(path: str, root: Path) -> bool:
+    """Whether a file's format can tell a partial write from a whole one (zip, safetensors, JSON)."""
+    name = PurePosixPath(path).name
+    if name.endswith((".safetensors", ".json")):
+        return True
+    try:
+        with open(root / path, "rb") as f:
+            return f.read(4) == ZIP_MAGIC
+    except OSError:
+        return False
 
 
 def whole(path: str, size: int) -> bool:
