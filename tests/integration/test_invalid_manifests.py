@@ -1,5 +1,7 @@
 """Every invalid DDPJob in tests/integration/invalid/ is refused with a message a user understands: by the API
-server (schema, CEL) before anything is stored, or by the operator as Failed/InvalidSpec with no pods created."""
+server (schema, CEL) before anything is stored, by the operator as Failed/InvalidSpec with no pods created (its
+model, or the pod API's dry run of the pods: ``pod-api``), or, refused by admission (``admission``), held with
+CreateRefused naming the real cause before any pod exists."""
 
 from __future__ import annotations
 
@@ -42,6 +44,13 @@ def test_invalid_manifest_is_rejected_with_a_clear_message(
     # The schema let it through: the operator must refuse it, say why, and create nothing.
     name = yaml.safe_load(text)["metadata"]["name"]
     jobs.apply(text)
+    if layer == "admission":  # may pass later (the PriorityClass created): held and retried, never Failed
+        refused = jobs.wait_condition(name, "CreateRefused", timeout=30)
+        assert refused["reason"] == _header(path, "reason"), refused
+        assert expected in refused["message"] and "RBAC" not in refused["message"], refused["message"]
+        assert not jobs.condition(name, "Failed")
+        assert not jobs.pods(name) and not jobs.pods(name, kind="rendezvous")
+        return
     failed = jobs.wait_condition(name, "Failed", timeout=30)
     assert failed["reason"] == "InvalidSpec", failed
     assert expected in failed["message"], f"{path.name}: {failed['message']!r} lacks {expected!r}"

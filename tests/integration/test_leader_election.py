@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import Cluster, wait_for
 from tests.integration.operator_support import Jobs, OperatorProcess, small_job
+from tests.integration.rvproxy import OpaqueProxy
 
 LEASE, RENEW, RETRY = 4, 3, 1
 
@@ -114,6 +115,73 @@ def test_one_leader_and_takeovers_by_kill_stop_and_freeze_handle_each_failure_on
     created = uids.stop()
     print(f"worker pods created over the test: {len(created)} (2 + 4 replacements)")
     assert len(created) == 6, "a pod was created twice (or a replacement is missing)"
+
+
+@pytest.fixture
+def proxy(cluster: Cluster, tmp_path: Path) -> Iterator[OpaqueProxy]:
+    p = OpaqueProxy(cluster.kubeconfig, tmp_path, scramble=False)
+    p.start()
+    try:
+        yield p
+    finally:
+        p.stop()
+
+
+def test_a_frozen_leaders_status_write_in_flight_lands_nowhere_after_the_takeover(
+        cluster: Cluster, namespace: str, ddpjob_crd: str, tmp_path: Path, jobs: Jobs, uids: PodUids,
+        proxy: OpaqueProxy) -> None:
+    """Issue 43 #5. Replica a reaches the API server through a proxy that holds a's status write of incident #1 in
+    flight (past a's leadership check: on its way to the API server); a is frozen (SIGSTOP) with it, b takes over
+    and handles that failure and a second one (incidents #1 and #2). Then a's write goes on and a runs again. The
+    write was planned from an older body: the API server refuses it (409), the status keeps b's two incidents,
+    each once, and a exits (status 3, its watchdog) instead of writing anything else. Longer timings than the other
+    test's: a renews through the proxy, and on a loaded machine a 1 s renewal timed out and a exited too early."""
+    lease, renew, retry = 12, 8, 2
+    args = ("--leader-elect", "--leader-election-namespace", namespace, "--lease-duration", str(lease),
+            "--renew-deadline", str(renew), "--retry-period", str(retry))
+    a = OperatorProcess(cluster, namespace, tmp_path, extra_args=args, name="a", kubeconfig=proxy.kubeconfig)
+    b = OperatorProcess(cluster, namespace, tmp_path, extra_args=args, name="b")
+    try:
+        a.start()
+        leader_of([a], timeout=lease + 30)  # the first leader waits a lease duration for a Lease nobody made
+        b.start()
+        jobs.apply(small_job("fence", 2, runPolicy={"backoffLimit": 10}))
+        jobs.running("fence", 2)
+        wait_for(lambda: jobs.get("fence")["status"].get("ready") == "2/2", timeout=60, describe="ready 2/2")
+        time.sleep(2)  # the routine writes of the start are done: the next one is the incident's
+        proxy.hold_status_write("fence")
+        first = [p["metadata"]["uid"] for p in jobs.pods("fence") if p["metadata"]["name"] == "fence-worker-1"]
+        jobs.fail("fence-worker-1", 137)
+        assert proxy.write_held.wait(30), a.tail()
+        a.pause()
+        held = proxy.write_body["status"]
+        assert [i["id"] for i in held["incidents"]] == [1] and held["countedFailures"] == first, held
+        leader_of([b], timeout=lease + 20)
+        wait_for(lambda: jobs.get("fence")["status"].get("restarts") == 1, timeout=60, describe="b: restarts 1",
+                 state=lambda: jobs.describe("fence"))
+        jobs.running("fence", 2)
+        jobs.fail("fence-worker-0", 137)  # a failure a's held write knows nothing of
+        wait_for(lambda: jobs.get("fence")["status"].get("restarts") == 2, timeout=60, describe="b: restarts 2",
+                 state=lambda: jobs.describe("fence"))
+        before = jobs.get("fence")["status"]
+        assert [i["id"] for i in before["incidents"]] == [1, 2], before
+
+        proxy.let_write_go()
+        wait_for(lambda: proxy.write_answer, timeout=30, describe="the API server's answer to a's late write")
+        print(f"the old leader's late status write: {proxy.write_answer}")
+        assert proxy.write_answer == 409, f"the old leader's write landed: {jobs.get('fence')['status']}"
+        assert proxy.write_body["metadata"]["resourceVersion"], "it names the body it was planned from"
+        a.resume()
+        assert a.proc is not None and a.proc.wait(timeout=retry * 3 + 10) == 3, a.tail()
+        time.sleep(2)
+        after = jobs.get("fence")["status"]
+        assert [(i["id"], i["startTime"]) for i in after["incidents"]] == \
+            [(i["id"], i["startTime"]) for i in before["incidents"]], after
+        assert after["incidentCount"] == 2 and after["restarts"] == 2, after
+        assert len(uids.stop()) == 4, "each failure replaced once (2 pods + 2 replacements)"
+    finally:
+        a.stop()
+        b.stop()
 
 
 class PodUids:

@@ -150,7 +150,9 @@ def test_restricted_namespace_runs_a_compliant_job_and_explains_a_refused_one(
     assert refused["reason"] == "PodSecurity" and "restricted" in refused["message"], refused
     assert "allowPrivilegeEscalation" in refused["message"] and "Pod Security level" in refused["message"]
     assert jobs.pods("plain") == []
-    assert len(jobs.pods("plain", kind="rendezvous")) == 1, "the rendezvous pod itself meets `restricted`"
+    # No pod of a spec whose dry run the pod API refused (issue 43 #13); the rendezvous pod itself meets
+    # `restricted`: the compliant job below runs it (its Running condition needs it).
+    assert jobs.pods("plain", kind="rendezvous") == []
 
     compliant = small_job("secure", 1)
     compliant["spec"]["template"]["spec"]["containers"][0]["securityContext"] = RESTRICTED_CONTAINER
@@ -229,7 +231,7 @@ def test_a_quota_refusal_is_one_request_per_create_and_a_condition(
     after = wait_for(settled, timeout=30, describe="no create in flight")
     server, counted = (a - b for a, b in zip(after, before, strict=True))
     print(f"refused pod creates: {counted:.0f} by the operator, {server:.0f} POSTs seen by the API server")
-    assert counted >= 2, "the rendezvous pod and the worker were both tried"
+    assert counted >= 1, "tried: the dry run of the job's first pod (issue 43 #13), again with backoff"
     assert server == counted, "every create the operator made was exactly one request"
 
 

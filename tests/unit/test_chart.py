@@ -80,12 +80,13 @@ def test_default_render_has_the_expected_objects(render: Render) -> None:
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
                             "ClusterRoleBinding", "Service", "Deployment", "Role", "RoleBinding",
-                            "PodDisruptionBudget"])
+                            "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])
     for o in objs:
         labels = o["metadata"]["labels"]
         for key in ("name", "instance", "version", "managed-by", "component", "part-of"):
             assert f"app.kubernetes.io/{key}" in labels, (o["kind"], key)
-        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding"):
+        if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                             "ValidatingAdmissionPolicyBinding"):
             assert o["metadata"]["namespace"] == "ddpjob-system"
 
 
@@ -99,7 +100,8 @@ def test_deployment_runs_the_operator_with_probe_and_resources(render: Render) -
     assert c["image"] == "ddpjob-operator:0.1.0"
     assert c["command"] == ["ddpjob"]
     assert c["args"] == ["operator", "--metrics-port=8080", "--liveness-port=8081", "--resync-seconds=60",
-                         "--api-qps=300", "--api-burst=600", "--runtime-image=ddpjob-runtime:0.1.0", "--leader-elect",
+                         "--api-qps=300", "--api-burst=600", "--runtime-image=ddpjob-runtime:0.1.0",
+                         "--worker-admission-policy=ddpjob-system-ddpjob-operator-worker-status", "--leader-elect",
                          "--leader-election-lease=ddpjob-operator", "--lease-duration=15", "--renew-deadline=10",
                          "--retry-period=2"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
@@ -155,8 +157,35 @@ def test_watch_namespaces_uses_roles_and_namespace_flags(render: Render) -> None
     assert [rules_of(r) for r in by_kind(objs, "ClusterRole")] == [CLUSTER_READ_RULES]
     assert container(objs)["args"][-2:] == ["--namespace=team-a", "--namespace=team-b"]
 
-    bare = render("watchNamespaces={team-a}", "rbac.crdRead=false", "rbac.nodeRead=false", "rbac.kueueRead=false")
+    bare = render("watchNamespaces={team-a}", "rbac.crdRead=false", "rbac.nodeRead=false", "rbac.kueueRead=false",
+                  "rbac.admissionPolicyRead=false")
     assert by_kind(bare, "ClusterRole") == [] and by_kind(bare, "ClusterRoleBinding") == []
+
+
+def test_the_worker_admission_policy_is_never_skipped_without_a_word(helm: Path, render: Render) -> None:
+    """Issue 43 #4: an API server that does not serve ValidatingAdmissionPolicy fails the install unless the value
+    is off; an offline render (no kind known) renders it; the operator is told its name and may read it, by name."""
+    def template(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(helm), "template", "r", str(CHART), "-n", "ns", *args], capture_output=True,
+                              text=True)
+
+    live_old = template("--api-versions", "apps/v1/Deployment")  # a live server's kinds, without the policy's
+    assert live_old.returncode != 0 and "does not serve ValidatingAdmissionPolicy" in live_old.stderr
+    assert "rbac.workerAdmissionPolicy=false" in live_old.stderr
+    opted_out = template("--api-versions", "apps/v1/Deployment", "--set", "rbac.workerAdmissionPolicy=false")
+    assert opted_out.returncode == 0 and "ValidatingAdmissionPolicy" not in opted_out.stdout
+    served = template("--api-versions", "apps/v1/Deployment",
+                      "--api-versions", "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy")
+    assert served.returncode == 0 and "kind: ValidatingAdmissionPolicyBinding" in served.stdout
+    objs = render()
+    name = one(objs, "ValidatingAdmissionPolicy")["metadata"]["name"]
+    assert one(objs, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"] == name
+    assert f"--worker-admission-policy={name}" in container(objs)["args"]
+    read = next(r for r in by_kind(objs, "ClusterRole") if r["metadata"]["name"].endswith("-cluster-read"))
+    rule = next(r for r in read["rules"] if r["apiGroups"] == ["admissionregistration.k8s.io"])
+    assert rule["resourceNames"] == [name] and rule["verbs"] == ["get"]
+    assert f"--worker-admission-policy={name}" in container(render("rbac.workerAdmissionPolicy=false"))["args"], \
+        "checked even when off: every job then says its status is unprotected"
 
 
 def test_two_releases_do_not_share_cluster_scoped_names(render: Render) -> None:
@@ -219,6 +248,26 @@ def test_two_replicas_elect_a_leader_over_their_own_lease(render: Render) -> Non
     with pytest.raises(subprocess.CalledProcessError) as refused:
         render("leaderElection.enabled=false")
     assert "needs leaderElection.enabled=true" in refused.value.stderr
+
+
+@pytest.mark.parametrize(("timing", "ok"), [
+    ("15,10,2", True), ("4,3,1", True),
+    ("15,14,4", False),  # client-go's rule holds; the margin does not (kube/leader.py, Timing.error)
+    ("15,15,2", False), ("15,6,5", False),
+])
+def test_unsafe_lease_timings_are_refused_as_the_operator_refuses_them(render: Render, timing: str, ok: bool) -> None:
+    lease, renew, retry = timing.split(",")
+    values = (f"leaderElection.leaseDurationSeconds={lease}", f"leaderElection.renewDeadlineSeconds={renew}",
+              f"leaderElection.retryPeriodSeconds={retry}")
+    from ddpjob_operator.kube.leader import Timing
+
+    assert (Timing(float(lease), float(renew), float(retry)).error() is None) is ok
+    if ok:
+        assert f"--renew-deadline={renew}" in container(render(*values))["args"]
+        return
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        render(*values)
+    assert "leaseDurationSeconds - renewDeadlineSeconds >= retryPeriodSeconds" in refused.value.stderr
 
 
 @pytest.mark.parametrize("bad", [

@@ -148,3 +148,40 @@ def test_the_reasons_table_is_api_reasons() -> None:
     assert len(rows) == len(set(rows)), f"reasons listed twice: {sorted({r for r in rows if rows.count(r) > 1})}"
     assert set(rows) - constants == set(), "in docs/api.md's Reasons table, not in api/reasons.py"
     assert constants - set(rows) == set(), "in api/reasons.py, not in docs/api.md's Reasons table"
+
+
+def _spec_paths(node: dict[str, Any], prefix: str = "") -> list[str]:
+    """The CRD's spec fields as dotted paths, down to the leaves (a free-form object is a leaf)."""
+    props = node.get("properties") or {}
+    if not props or node.get("x-kubernetes-preserve-unknown-fields"):
+        return [prefix] if prefix else []
+    return [p for name, sub in props.items() for p in _spec_paths(sub, f"{prefix}.{name}" if prefix else name)]
+
+
+def test_the_field_audit_covers_every_spec_field_and_cites_cases_that_exist() -> None:
+    """docs/api.md's "Field audit": a row for every field of the CRD's spec (a row may name a parent, ``x.*``, or
+    siblings after its first name), and every tests/integration/invalid/ case it cites is there."""
+    text = (ROOT / "docs" / "api.md").read_text(encoding="utf-8")
+    section = text[text.index("### Field audit"):]
+    section = section[:section.index("\n## ")]
+    named: list[str] = []
+    cited: list[tuple[str, str]] = []
+    for line in section.splitlines():
+        cells = line.split("|")
+        if len(cells) < 5 or not cells[1].strip().startswith(("`", "labels", "pod labels")):
+            continue
+        names = re.findall(r"`([A-Za-z][\w.*\[\]]*)`", cells[1])
+        base = names[0].rpartition(".")[0] if names else ""
+        named += [n if "." in n or not base else f"{base}.{n}" for n in names]
+        cited += re.findall(r"invalid/(\d\d)(?:\.\.(\d\d))?", cells[4])
+    assert len(named) > 20, "the Field audit table was not found"
+
+    def covered(path: str) -> bool:
+        return any(n == path or path.startswith(n.removesuffix("*").rstrip(".") + ".")
+                   or n.startswith((path + ".", path + "[")) for n in named)
+
+    missing = [p for p in _spec_paths(crd_spec()) if not covered(p)]
+    assert not missing, f"spec fields without a row in docs/api.md's Field audit: {missing}"
+    cases = {p.name[:2] for p in (ROOT / "tests" / "integration" / "invalid").glob("*.yaml")}
+    numbers = {f"{n:02d}" for lo, hi in cited for n in range(int(lo), int(hi or lo) + 1)}
+    assert numbers and numbers <= cases, f"Field audit cites invalid/ cases that do not exist: {numbers - cases}"

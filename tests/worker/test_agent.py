@@ -114,11 +114,14 @@ def test_a_group_whose_store_never_comes_back_trains_to_the_end(job: LocalJob) -
 
 
 @pytest.mark.timeout(300)
-def test_a_restart_request_restarts_a_hung_group_in_place_from_its_checkpoint(job: LocalJob) -> None:
+@pytest.mark.parametrize("skew", [-600.0, 600.0], ids=["operator clock behind", "operator clock ahead"])
+def test_a_restart_request_restarts_a_hung_group_in_place_from_its_checkpoint(job: LocalJob, skew: float) -> None:
     """The operator's in-place stall restart (ddpjob_worker.restart_request): one trainer hangs (SIGSTOP), each agent
-    finds a request newer than its group in its file (the pod annotation, projected), stops its trainers and
-    re-forms the group in place, without spending a restart (max_restarts=0); training resumes from the last
-    checkpoint and the job ends. The request, still in the files, is older than the new group: obeyed once."""
+    finds a request of an incident it has not seen in its file (the pod annotation, projected), stops its trainers
+    and re-forms the group in place, without spending a restart (max_restarts=0); training resumes from the last
+    checkpoint and the job ends. The request, still in the files when the new group forms, is obeyed once. The
+    request's time is the operator's clock, ``skew`` seconds off the workers': never compared (behind, the request
+    was ignored; ahead, obeyed again at every new group)."""
     command = ["python", "-m", "ddpjob_worker.examples.charlm", *TINY, "--epochs", "1", "--steps-per-epoch", "40",
                "--checkpoint-every", "5", "--step-delay", "0.1"]
     files = [job.workdir / f"restart-request-{i}" for i in range(2)]
@@ -127,7 +130,7 @@ def test_a_restart_request_restarts_a_hung_group_in_place_from_its_checkpoint(jo
     hung = job.training_pid(agents[1])
     job.progress_at_least(8, 150)
     os.kill(hung, signal.SIGSTOP)
-    request = restart_request.Request(7, time.time())
+    request = restart_request.Request(7, time.time() + skew)
     for f in files:  # the kubelet swaps the projected file atomically
         f.with_suffix(".tmp").write_text(request.text())
         f.with_suffix(".tmp").rename(f)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
 import time
 from collections.abc import Callable, Mapping
@@ -15,7 +14,7 @@ from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, W
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from ddpjob_worker import causes, compat, contract, replication, restart_request, storekeeper, warm
+from ddpjob_worker import causes, compat, contract, peerreport, replication, restart_request, storekeeper, warm
 from ddpjob_worker.logs import get_logger
 from ddpjob_worker.membership import Membership
 from ddpjob_worker.storekeeper import StoreKeeper
@@ -79,11 +78,12 @@ def unique_node(handler: Any) -> None:
     """Make this agent a participant of its own in the rendezvous, not one shared with every other incarnation
     of its pod (compat.renew_node says how they collided). Without it, a cut-off pod's old agent, stopped once its
     node is back, takes its replacement out of the round as it leaves; the replacement's later loss then goes
-    unreported and the job waits for Kubernetes to call its node NotReady."""
+    unreported and the job waits for Kubernetes to call its node NotReady. The node's id carries the pod's UID: a
+    survivor's report of this node, once silent, names this very pod (ddpjob_worker.peerreport)."""
     if not compat.capabilities().unique_node:
         return  # said in the capability line; the collision needs a pod replaced while its old agent lives
     try:
-        node = compat.renew_node(handler, secrets.randbits(31))
+        node = compat.renew_node(handler, peerreport.node_id(os.environ))
     except AttributeError as err:  # another kind of handler (static, etcd): it has its own identities
         log.info("rendezvous node left as torch named it (%s): %s", type(handler).__name__, err)
         return
@@ -118,6 +118,7 @@ class PodAgent(LocalElasticAgent):
         self._keeper = StoreKeeper(handler)
         self._request_file = restart_request.request_file(os.environ)
         self._next_request_check = 0.0
+        self._known_request: int | None = None  # the newest incident whose restart request this agent saw
         self._membership: Membership | None = None
         if hasattr(handler, "num_nodes_waiting"):
             handler.num_nodes_waiting = self._guarded_waiting(handler.num_nodes_waiting, fixed_size(handler))
@@ -202,6 +203,8 @@ class PodAgent(LocalElasticAgent):
         # The workers started next inherit the agent's environment (torchelastic copies os.environ), so rank 0
         # can report when its group formed: the recovery clock's "rendezvous" phase.
         os.environ[contract.DDPJOB_RENDEZVOUS_TIME] = f"{time.time():.3f}"
+        # A restart request already in the file is older than this group: not one to answer (restart_request).
+        self._known_request = restart_request.seen(self._request_file, self._known_request)
         log.info("rendezvous complete: this pod is in the group (world of %d agents)",
                  worker_group.group_world_size or 0)
         if replication.ACTIVE is not None:
@@ -272,12 +275,10 @@ class PodAgent(LocalElasticAgent):
         if not self._request_file or now < self._next_request_check:
             return None  # no file: not a pod of the operator's (ddpjob run)
         self._next_request_check = now + 1.0
-        formed = os.environ.get(contract.DDPJOB_RENDEZVOUS_TIME)
-        request = restart_request.due(self._request_file, float(formed) if formed else None)
+        request = restart_request.due(self._request_file, self._known_request)
         if request is None:
             return None
-        # One answer per request: the group re-formed next is newer than the request.
-        os.environ[contract.DDPJOB_RENDEZVOUS_TIME] = f"{max(time.time(), request.at):.3f}"
+        self._known_request = request.incident  # one answer per request
         refunded = compat.refund_restart(self)
         log.warning("the operator asked this group to restart in place (incident #%d, a stall): stopping the "
                     "trainers and re-forming the group, keeping this pod and its checkpoints%s", request.incident,

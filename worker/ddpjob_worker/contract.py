@@ -57,9 +57,12 @@ DDPJOB_REPORT_PROGRESS = "DDPJOB_REPORT_PROGRESS"
 #: Optional: a file where rank 0 also writes its progress as JSON (``ddpjob run`` reads it for its live view;
 #: unset in pods).
 DDPJOB_PROGRESS_FILE = "DDPJOB_PROGRESS_FILE"
-#: Set by the agent in its own environment (so every worker process it starts inherits it): Unix time, in
-#: seconds with milliseconds, at which the rendezvous of the current process group completed.
+#: Set by the agent for the trainers it starts: Unix time (ms) at which their group's rendezvous completed.
 DDPJOB_RENDEZVOUS_TIME = "DDPJOB_RENDEZVOUS_TIME"
+#: This pod's UID, from the downward API (``metadata.uid``; POD_UID_ENV): the agent's rendezvous node carries it, so
+#: a report of a silent peer names that very pod, not a later pod of the same name (ddpjob_worker.peerreport).
+DDPJOB_POD_UID = "DDPJOB_POD_UID"
+POD_UID_ENV = {"name": DDPJOB_POD_UID, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}
 #: Optional: how many checkpoints the library keeps (``spec.checkpoint.keep``); default 3.
 DDPJOB_CHECKPOINT_KEEP = "DDPJOB_CHECKPOINT_KEEP"
 #: Optional (a user knob): seconds ``ddp-worker`` waits for the rendezvous host to resolve in DNS before it exits
@@ -102,8 +105,7 @@ STANDBY_PROCESS_NAME = "ddpjob-standby"
 #: the error file, and it is what a pre-started trainer runs (the launcher recognizes its own command by it).
 RECORDED_MODULE = "ddpjob_worker.recorded"
 
-DEFAULT_RDZV_PORT = 29400
-DEFAULT_REPLICA_PORT = 29401
+DEFAULT_RDZV_PORT, DEFAULT_REPLICA_PORT = 29400, 29401
 DEFAULT_REPLICA_SYNC_SECONDS = 300
 DEFAULT_SIGTERM_BUDGET_SECONDS = 60
 DEFAULT_CHECKPOINT_KEEP = 3
@@ -148,10 +150,8 @@ EXIT_DNS_UNRESOLVED = 202
 #: newest complete checkpoint and no pod that holds it answered (ddpjob_worker.replication.groupsync).
 EXIT_CHECKPOINT_SYNC = 203
 
-#: UID and GID the worker image runs as (Dockerfile: ``USER 10001:10001``). The operator gives worker pods this
-#: ``fsGroup`` so a checkpoint volume whose root the provisioner made root-owned is writable.
-WORKER_UID = 10001
-WORKER_GID = 10001
+#: UID and GID the worker image runs as (Dockerfile: ``USER 10001:10001``); worker pods get this ``fsGroup``.
+WORKER_UID, WORKER_GID = 10001, 10001
 
 #: ddpjob variables a template may set: tuning knobs, not identity or wiring.
 USER_SETTABLE_ENV = frozenset({DDPJOB_DNS_WAIT_SECONDS, DDPJOB_WARM_TRAINERS})

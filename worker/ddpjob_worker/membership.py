@@ -124,7 +124,7 @@ class Membership:
         self._reported.update(ranks)
         ages = self.watch.ages.ages(self.watch.clock())
         silent_for = max(ages.get(r, self.budget) for r in ranks)
-        self.report.silent({peerreport.pod_of(self.nodes[r]): silent_for for r in ranks})
+        self.report.silent({self.nodes[r]: silent_for for r in ranks})
 
 
 def gone(dead: list[int], nodes: dict[int, str], listed: set[str], reported: set[int]) -> list[int]:

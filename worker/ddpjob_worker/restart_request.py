@@ -4,8 +4,11 @@
 The operator writes the pod annotation RESTART_ANNOTATION (``<incident id>@<Unix time of the request>``); the
 downward API projects it into REQUEST_FILE in the worker container (the kubelet rewrites the file when the
 annotation changes: a pod update makes it re-sync the pod's volumes). The agent reads the file while it monitors
-its trainers and restarts them when the request is newer than its group's rendezvous: a group formed after the
-request (a pod created later, a group re-formed for another reason) was not the one that stalled.
+its trainers and restarts them for a request of an incident it has not seen yet: the file's request when its group
+formed is one that group formed after (a pod created later, a group re-formed for another reason: it was not the
+one that stalled), and a request it answered is answered. Incident ids are compared, never the request's time with
+the group's: those are two machines' clocks (the operator's, the worker's), and a worker behind restarted its group
+again and again, one ahead ignored the request until the operator replaced every pod.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ REQUEST_FILE = f"{RESTART_MOUNT_PATH}/{REQUEST_FILE_NAME}"
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Request:
-    """A restart request: the incident it belongs to and when the operator made it (Unix seconds)."""
+    """A restart request: the incident it belongs to and when the operator made it (Unix seconds, the operator's
+    clock: for people reading the annotation, never compared with a worker's)."""
 
     incident: int
     at: float
@@ -58,11 +62,20 @@ def read(path: str) -> Request | None:
         return None
 
 
-def due(path: str, group_formed: float | None) -> Request | None:
-    """The request this agent must act on: one made after its current group formed (``group_formed``, Unix time),
-    or None."""
+def seen(path: str, known: int | None) -> int | None:
+    """The newest incident this agent knows a request of: ``known``, or the one in the file now if newer. Called when
+    a group forms: a request already there is one the group formed after."""
     request = read(path) if path else None
-    if request is None or group_formed is None or request.at <= group_formed:
+    if request is None or (known is not None and request.incident <= known):
+        return known
+    return request.incident
+
+
+def due(path: str, known: int | None) -> Request | None:
+    """The request this agent must act on: one of an incident newer than ``known`` (what :func:`seen` kept, or the
+    last request it answered), or None."""
+    request = read(path) if path else None
+    if request is None or (known is not None and request.incident <= known):
         return None
     return request
 

@@ -32,6 +32,11 @@ release name can be installed in two namespaces without the second install takin
 {{- printf "%s-%s" .Release.Namespace (include "ddpjob-operator.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{/* The worker admission policy and its binding (workeradmission.yaml); the operator checks them by this name. */}}
+{{- define "ddpjob-operator.workerAdmissionPolicyName" -}}
+{{- printf "%s-worker-status" (include "ddpjob-operator.clusterName" .) }}
+{{- end }}
+
 {{/* chart label value: name-version. */}}
 {{- define "ddpjob-operator.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}

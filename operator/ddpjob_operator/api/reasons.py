@@ -104,7 +104,8 @@ NOT_QUEUED = "NotQueued"
 
 # Queued and Admitted of a job in a Kueue queue (also the Queued state's reason while Kueue holds the job).
 
-#: Queued, True: the job's WorkloadPriorityClass does not exist.
+#: Queued, True: the job's WorkloadPriorityClass does not exist; CreateRefused, True: the PriorityClass a pod names
+#: does not exist (the Priority admission plugin's 403).
 PRIORITY_CLASS_NOT_FOUND = "PriorityClassNotFound"
 #: Queued, True: the operator created the job's Workload; waiting for Kueue.
 WORKLOAD_CREATED = "WorkloadCreated"
@@ -147,8 +148,16 @@ POD_SECURITY = "PodSecurity"
 QUOTA_EXCEEDED = "QuotaExceeded"
 #: CreateRefused, True: a ResourceQuota counts a resource the pod does not set (limits.cpu, say).
 QUOTA_NEEDS_RESOURCES = "QuotaNeedsResources"
-#: CreateRefused, True: any other 403 (RBAC).
+#: CreateRefused, True: RBAC: the 403 names the operator's identity and a verb it may not use.
 FORBIDDEN = "Forbidden"
+#: CreateRefused, True: a LimitRange of the namespace refused the pod's requests or limits.
+LIMIT_RANGE_VIOLATED = "LimitRangeViolated"
+#: CreateRefused, True: the ServiceAccount a pod names does not exist (the ServiceAccount admission plugin).
+SERVICE_ACCOUNT_MISSING = "ServiceAccountMissing"
+#: CreateRefused, True: an admission webhook, a ValidatingAdmissionPolicy or another admission plugin refused it.
+ADMISSION_DENIED = "AdmissionDenied"
+#: CreateRefused, True: the job's NetworkPolicy could not be created: no pod is created until it is.
+NETWORK_POLICY_REFUSED = "NetworkPolicyRefused"
 #: CreateRefused, True: an optional child's API (Kueue's Workload, the gang's PodGroup) is not served.
 CRD_NOT_INSTALLED = "CRDNotInstalled"
 #: CreateRefused, False: the API server accepted every create; also the Created condition type.
@@ -160,6 +169,16 @@ CREATED = "Created"
 SPEC_ACCEPTED = "SpecAccepted"
 #: PodsCannotStart, False: no pod of the job is blocked from starting (True carries the kubelet's reason).
 STARTING = "Starting"
+
+# StatusUnprotected: whether the chart's worker admission policy holds each worker to its own job's status.progress
+# (the operator checks the policy and its binding at start and every resync).
+
+#: StatusUnprotected, True: the worker admission policy or its binding does not exist (or its API is not served).
+ADMISSION_POLICY_MISSING = "AdmissionPolicyMissing"
+#: StatusUnprotected, True: the operator could not read the policy or its binding (RBAC, an API error).
+ADMISSION_POLICY_UNVERIFIED = "AdmissionPolicyUnverified"
+#: StatusUnprotected, False: the policy and its binding exist and deny.
+ADMISSION_POLICY_IN_FORCE = "AdmissionPolicyInForce"
 
 # Events: besides the transitions of the state conditions (named by their reason), the losses (WorkerFailed,
 # RendezvousLost) and the auxiliary conditions' (named by their type: Stalled, ChildConflict and these).
@@ -182,6 +201,8 @@ QUEUED = "Queued"
 PODS_CANNOT_START = "PodsCannotStart"
 #: Event, Normal: the SpecRejected condition became True (also its type).
 SPEC_REJECTED = "SpecRejected"
+#: Event, Warning: the StatusUnprotected condition became True (also its type).
+STATUS_UNPROTECTED = "StatusUnprotected"
 
 # Kubernetes' reasons the operator compares against (never written by it).
 

@@ -201,6 +201,9 @@ class DDPJobSpec(_Model):
     run_policy: RunPolicy = RunPolicy()
     scheduling: Scheduling = Scheduling()
     runtime: Runtime = Runtime()
+    network_policy: Literal["Required", "Disabled"] = Field(default="Required", description=(
+        "Required: the job's NetworkPolicy is created before any pod, and no pod is created while it cannot be. "
+        "Disabled: none is created (the namespace's own policies are all there is)."))
 
     @model_validator(mode="before")
     @classmethod
@@ -238,6 +241,11 @@ class DDPJobSpec(_Model):
 
         check_template(self)
         return self
+
+    @property
+    def network_policy_required(self) -> bool:
+        """Whether the job's pods wait for its NetworkPolicy (spec.networkPolicy: Required)."""
+        return self.network_policy == "Required"
 
     @property
     def min_replicas(self) -> int:

@@ -31,8 +31,29 @@ def _gpu_requested(pod_spec: dict[str, Any], container: dict[str, Any]) -> bool:
             or bool(pod_spec.get("resourceClaims")) or "NVIDIA_VISIBLE_DEVICES" in env)
 
 
+#: The fields of a PodTemplateSpec and of its metadata (ObjectMeta). The pod API checks the spec's own fields when the
+#: operator dry-runs a pod (runtime/pod_check.py); what the operator builds a pod without (a typo above the spec,
+#: ``lables``) would vanish without a word.
+_TEMPLATE_FIELDS = ("metadata", "spec")
+_OBJECT_META_FIELDS = ("name", "generateName", "namespace", "selfLink", "uid", "resourceVersion", "generation",
+                       "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "labels", "annotations",
+                       "ownerReferences", "finalizers", "managedFields")
+
+
+def _check_template_fields(template: dict[str, Any]) -> None:
+    """A typo in the template's own fields or its metadata's is an error naming the field, not a dropped value."""
+    for key in template:
+        if key not in _TEMPLATE_FIELDS:
+            raise ValueError(f"template.{key}: unknown field; a pod template has metadata and spec")
+    for key in template.get("metadata") or {}:
+        if key not in _OBJECT_META_FIELDS:
+            raise ValueError(f"template.metadata.{key}: unknown field; the operator copies labels and annotations "
+                             "to the pods")
+
+
 def check_template(spec: DDPJobSpec) -> None:
     """What the API server accepts but a worker could only fail on at start: refuse it before any pod exists."""
+    _check_template_fields(spec.template)
     pod_spec = spec.template.get("spec") or {}
     containers: list[dict[str, Any]] = pod_spec.get("containers") or []
     ci = worker_container_index(containers)

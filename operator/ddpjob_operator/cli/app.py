@@ -31,6 +31,12 @@ def operator(
         typer.Option(envvar="DDPJOB_RUNTIME_IMAGE", help="Image of the injected worker runtime and the rendezvous "
                      "store (a job's spec.runtime.image overrides it)."),
     ] = "ddpjob-runtime:dev",
+    worker_admission_policy: Annotated[
+        str,
+        typer.Option(envvar="DDPJOB_WORKER_ADMISSION_POLICY", help="The chart's ValidatingAdmissionPolicy (and "
+                     "binding) that holds each worker to its own job's status.progress: checked at start and every "
+                     "resync, its absence reported on every job (condition StatusUnprotected). Empty: not checked."),
+    ] = "",
     api_qps: Annotated[
         float, typer.Option(envvar="DDPJOB_API_QPS", help="API requests per second after the burst (0: no limit).")
     ] = ratelimit.DEFAULT_QPS,
@@ -81,7 +87,8 @@ def operator(
                             name=leader_election_lease, timing=timing)
 
     raise typer.Exit(run_operator(namespaces=namespace or [], metrics_port=metrics_port, liveness_port=liveness_port,
-                                  resync_seconds=resync_seconds, election=election, runtime_image=runtime_image))
+                                  resync_seconds=resync_seconds, election=election, runtime_image=runtime_image,
+                                  worker_admission_policy=worker_admission_policy))
 
 
 @app.command()

@@ -31,6 +31,7 @@ from ddpjob_operator.api.names import FIELD_MANAGER
 from ddpjob_operator.api.spec import API_VERSION, GROUP, PLURAL
 from ddpjob_operator.kube import leader, ratelimit
 from ddpjob_operator.kube.kopf_compat import kopf_api, kopf_errors
+from ddpjob_operator.kube.refusals import refusal as refusal  # re-exported: callers import it from here
 from ddpjob_operator.metrics import registry as metrics
 from ddpjob_operator.planner.policies.children import Problem
 
@@ -38,6 +39,9 @@ Obj = dict[str, Any]
 
 #: Retries inside one call before the pass gives up with TemporaryError (the queue retries the pass).
 _BACKOFFS = (0.2, 0.5, 1.0)
+#: What a call retries (kopf's own list, kopf._cogs.clients.api.request).
+_TRANSIENT = (aiohttp.ClientConnectionError, TimeoutError, kopf_errors.APIServerError, kopf_errors.APIForbiddenError,
+              kopf_errors.APITooManyRequestsError)
 
 _PLURALS = {
     "Pod": "pods",
@@ -118,6 +122,9 @@ CLUSTER_PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("apiextensions.k8s.io", "customresourcedefinitions"): ("list", "watch"),
     ("kueue.x-k8s.io", "resourceflavors"): ("get",),
     ("kueue.x-k8s.io", "workloadpriorityclasses"): ("get",),
+    # The chart's worker admission policy and its binding, by name (runtime/isolation.py).
+    ("admissionregistration.k8s.io", "validatingadmissionpolicies"): ("get",),
+    ("admissionregistration.k8s.io", "validatingadmissionpolicybindings"): ("get",),
 }
 
 
@@ -150,24 +157,6 @@ class Created:
     refused: Problem | None = None
 
 
-def refusal(kind: str, name: str, message: str) -> Problem:
-    """A 403 on create, with a reason users can act on (PodSecurity names the fields to change). The message is
-    redacted: an admission webhook's denial may quote the object it refused (an env value, a token)."""
-    message = redact(message)
-    if "violates PodSecurity" in message:
-        reason, hint = reasons.POD_SECURITY, "make the pod template meet the namespace's Pod Security level"
-    elif "exceeded quota" in message:
-        reason, hint = reasons.QUOTA_EXCEEDED, "raise the namespace's ResourceQuota or lower the job's requests"
-    elif "failed quota" in message and "must specify" in message:
-        # A quota that counts limits.cpu (say) refuses any pod without one: not a permission, a missing field.
-        reason, hint = reasons.QUOTA_NEEDS_RESOURCES, ("set the resources the namespace's ResourceQuota names in "
-                                                       "the worker template's containers "
-                                                       "(spec.rendezvous.resources for the rendezvous pod)")
-    else:
-        reason, hint = reasons.FORBIDDEN, "grant the operator's ServiceAccount the permission (chart RBAC)"
-    return Problem(kind=kind, name=name, conflict=False, reason=reason, message=f"{message} (fix: {hint})")
-
-
 def adopt(obj: Obj, owner: Mapping[str, Any]) -> Obj:
     """Add a controller ownerReference to the DDPJob, so the child is garbage-collected with it.
 
@@ -198,6 +187,10 @@ def _retry_after(err: kopf_errors.APITooManyRequestsError) -> float:
         return 2.0
 
 
+class StatusConflict(Exception):
+    """A status write was refused (409): the job changed since the body the pass planned from."""
+
+
 class NamespaceTerminating(Exception):
     """The namespace is being deleted: nothing can be created there any more, and the job goes with it."""
 
@@ -213,33 +206,21 @@ class Kube:
 
     async def _call(self, method: str, url: str, payload: object | None = None, content_type: str | None = None,
                     *, retries: bool = True) -> Obj:
-        """One request, after the rate limit (ratelimit.py). ``retries``: kopf's retries of 5xx, 429, 403 and
-        broken connections inside the call; a create goes without them, so a refusal (quota, PodSecurity) is one
-        request and reaches the planner at once, and anything else fails the pass, which the queue retries."""
-        if method != "get" and not leader.may_write():
-            # Past the renew deadline another replica may lead: its writes, not this one's (leader.py).
-            raise kopf.TemporaryError(f"{method.upper()} {url}: not the leader (lease not renewed)", delay=5)
-        headers = {"Content-Type": content_type} if content_type else None
-        code = 0
-        started = time.monotonic()
+        """One request, after the rate limit (ratelimit.py). ``retries``: retries of 5xx, 429, 403 and broken
+        connections inside the call (kopf's for a read; for a write this loop's, each attempt fenced again, see
+        _send); a create goes without them, so a refusal (quota, PodSecurity) is one request and reaches the
+        planner at once, and anything else fails the pass, which the queue retries."""
+        backoffs = _BACKOFFS if retries else ()
         try:
-            async with self._in_flight:
-                await self._bucket.acquire()
-                started = time.monotonic()  # the request alone: not the wait for the rate limit or a slot
-                response = await kopf_api.request(
-                    method,
-                    url,
-                    payload=payload,
-                    headers=headers,
-                    backoffs=_BACKOFFS if retries else (),
-                    settings=self.settings,
-                    logger=self.logger,
-                )
-                code = response.status
-                async with response:
-                    text = await response.text()
+            if method == "get":
+                return await self._send(method, url, payload, content_type, backoffs)
+            for delay in backoffs:
+                try:
+                    return await self._send(method, url, payload, content_type, ())
+                except _TRANSIENT:
+                    await asyncio.sleep(delay)
+            return await self._send(method, url, payload, content_type, ())
         except kopf_errors.APIError as err:
-            code = err.status or 0
             if isinstance(err, kopf_errors.APITooManyRequestsError):
                 raise kopf.TemporaryError(f"{method.upper()} {url}: {err}", delay=_retry_after(err)) from err
             if isinstance(err, kopf_errors.APIServerError):
@@ -247,18 +228,46 @@ class Kube:
             raise
         except (aiohttp.ClientError, TimeoutError) as err:
             raise kopf.TemporaryError(f"{method.upper()} {url}: {err!r}", delay=2) from err
+
+    async def _send(self, method: str, url: str, payload: object | None, content_type: str | None,
+                    backoffs: tuple[float, ...]) -> Obj:
+        """One request (kopf retries it after ``backoffs``). A write asks the leader fence (leader.py) last, once
+        it has its slot and its turn at the rate limit: a leader that lost the Lease while it waited sends
+        nothing (asked before the waits, it sent writes seconds after another replica took over)."""
+        headers = {"Content-Type": content_type} if content_type else None
+        code, sent = 0, False
+        started = time.monotonic()
+        try:
+            async with self._in_flight:
+                await self._bucket.acquire()
+                if method != "get" and not leader.may_write():
+                    # Past the renew deadline another replica may lead: its writes, not this one's.
+                    raise kopf.TemporaryError(f"{method.upper()} {url}: not the leader (lease not renewed)", delay=5)
+                started, sent = time.monotonic(), True  # the request alone: not the wait for a slot or a token
+                response = await kopf_api.request(method, url, payload=payload, headers=headers, backoffs=backoffs,
+                                                  settings=self.settings, logger=self.logger)
+                code = response.status
+                async with response:
+                    text = await response.text()
+        except kopf_errors.APIError as err:
+            code = err.status or 0
+            raise
         finally:
-            # One count per call: kopf's retries inside a call (never for a create) are not seen here.
-            metrics.API_REQUESTS.labels(method.upper(), _resource(url), str(code)).inc()
-            metrics.API_LATENCY.labels(method.upper(), _resource(url)).observe(time.monotonic() - started)
+            if sent:  # one count per request sent: kopf's retries inside a read are not seen here
+                metrics.API_REQUESTS.labels(method.upper(), _resource(url), str(code)).inc()
+                metrics.API_LATENCY.labels(method.upper(), _resource(url)).observe(time.monotonic() - started)
         return cast(Obj, json.loads(text)) if text else {}
 
-    async def create(self, obj: Obj) -> Created:
-        """Create ``obj``: the created object; on 409 the object that holds the name; on 403 a refusal."""
+    async def create(self, obj: Obj, *, dry_run: bool = False) -> Created:
+        """Create ``obj``: the created object; on 409 the object that holds the name; on 403 a refusal. A pod's
+        unknown fields are an error (400, ``Rejected``), never dropped with a warning; ``dry_run``: the API server
+        validates and admits it but stores nothing (runtime/pod_check.py)."""
         meta = obj["metadata"]
-        url = collection_url(obj["apiVersion"], obj["kind"], meta["namespace"])
+        url = collection_url(obj["apiVersion"], obj["kind"], meta["namespace"]) + f"?fieldManager={FIELD_MANAGER}"
+        url += "&fieldValidation=Strict" if obj["kind"] == "Pod" else ""
+        url += "&dryRun=All" if dry_run else ""
         try:
-            return Created(obj=await self._call("post", f"{url}?fieldManager={FIELD_MANAGER}", obj, retries=False))
+            return Created(obj=await self._call("post", url, obj, retries=False))
         except kopf_errors.APIConflictError:
             return Created(existing=await self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"]))
         except kopf_errors.APIForbiddenError as err:
@@ -328,13 +337,22 @@ class Kube:
             return False  # gone, or the name now belongs to a newer pod (409 or 422: the UID is immutable)
         return True
 
-    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Obj:
-        """JSON-merge-patch the operator's own status keys (never status.progress); returns the object."""
+    async def patch_status(self, namespace: str, name: str, status: Mapping[str, Any],
+                           resource_version: str = "") -> Obj:
+        """JSON-merge-patch the operator's own status keys (never status.progress); returns the object. With
+        ``resource_version`` (that of the body the pass planned from) the write is conditional on it: one planned
+        from an older body, such as an old leader's that was still on its way when it lost the Lease, is refused
+        (StatusConflict) instead of overwriting a newer status and its incidents."""
         url = f"/apis/{API_VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status?fieldManager={FIELD_MANAGER}"
+        patch: Obj = {"status": dict(status)}
+        if resource_version:
+            patch["metadata"] = {"resourceVersion": resource_version}
         try:
-            return await self._call("patch", url, {"status": dict(status)}, "application/merge-patch+json")
+            return await self._call("patch", url, patch, "application/merge-patch+json")
         except kopf_errors.APINotFoundError:
             return {}  # deleted meanwhile: nothing to report on
+        except kopf_errors.APIConflictError as err:
+            raise StatusConflict(f"{namespace}/{name}: changed since resourceVersion {resource_version}") from err
 
     async def delete_job(self, namespace: str, name: str, uid: str) -> None:
         """Delete the DDPJob (TTL); children follow by garbage collection, a retained PVC stays."""

@@ -3,9 +3,13 @@ operator replicas never both write: a replica reconciles only while it holds the
 ``retry`` seconds, and exits when it could not renew for ``renew_deadline`` seconds; a standby takes the Lease
 once it has seen the holder's record unchanged for ``lease`` seconds (by its own clock: the record's times are
 another machine's). ``renew_deadline < lease`` is what keeps two writers apart: the old leader has stopped writing
-(kube/client.py asks :func:`may_write` before every write, and the process exits) before any standby may take over.
+(kube/client.py asks :func:`may_write` right before each request goes out, after its waits for a slot and the
+rate limit) before any standby may take over, and a :class:`Watchdog` thread ends the process at the deadline
+whatever its event loop is doing. A write already on its way when the leader froze is what the rest of the margin
+(Timing.error) and the status write's precondition (the resourceVersion it was planned from) are for.
 A leader that stops cleanly (SIGTERM: a rollout, ``kubectl drain``) releases the Lease, and a standby takes it
-within ``retry`` seconds instead of ``lease``.
+within ``retry`` seconds instead of ``lease``. A deleted Lease is created again only once it has been missing for
+``lease`` seconds (the leader that held it may still write until its renew deadline), except by that leader.
 
 The decisions are pure functions (table tests in tests/unit/operator/test_leader.py); :class:`Elector` does the
 I/O through any :class:`LeaseAPI` (the operator's is leader_io.HttpLeases, an aiohttp session of its own, because
@@ -17,6 +21,7 @@ import asyncio
 import dataclasses
 import logging
 import random
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
@@ -27,6 +32,10 @@ from ddpjob_operator.metrics import registry as metrics
 log = logging.getLogger("ddpjob.leader")
 
 Obj = dict[str, Any]
+
+
+#: client-go's JitterFactor: a standby waits up to this many retry periods between tries.
+JITTER = 1.2
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -40,12 +49,24 @@ class Timing:
     retry: float = 2.0
 
     def error(self) -> str | None:
-        """Why these cannot keep two leaders apart, or None."""
-        if not 0 < self.retry < self.renew_deadline < self.lease:
-            return (f"need 0 < retry period ({self.retry:g}s) < renew deadline ({self.renew_deadline:g}s) < lease "
-                    f"duration ({self.lease:g}s): a leader must stop writing before a standby may take over")
-        if self.lease != int(self.lease):
-            return f"the lease duration must be whole seconds (Lease.spec.leaseDurationSeconds), not {self.lease:g}"
+        """Why these cannot keep two leaders apart, or None. client-go's rule (leaderelection.NewLeaderElector):
+        lease > renew deadline > JITTER x retry; and one of ours: lease - renew deadline >= retry, the margin in
+        which a write sent right before the old leader's deadline must land before a standby may take over (one
+        exchange with the API server, which the elector itself allows a retry period). 15/14/4 passes client-go's
+        rule with a margin of 1 s for a 4 s exchange."""
+        lease, renew, retry = self.lease, self.renew_deadline, self.retry
+        if retry <= 0 or renew <= JITTER * retry:
+            return (f"the renew deadline ({renew:g}s) must be more than {JITTER:g} x the retry period ({retry:g}s): a "
+                    "leader must get more than one try to renew")
+        if lease <= renew:
+            return (f"the lease duration ({lease:g}s) must be more than the renew deadline ({renew:g}s): a leader "
+                    "must stop writing before a standby may take over")
+        if lease - renew < retry:
+            return (f"the lease duration ({lease:g}s) must exceed the renew deadline ({renew:g}s) by at least the "
+                    f"retry period ({retry:g}s): a write sent right before the deadline must land before a standby "
+                    "may take over")
+        if lease != int(lease):
+            return f"the lease duration must be whole seconds (Lease.spec.leaseDurationSeconds), not {lease:g}"
         return None
 
 
@@ -103,6 +124,43 @@ class LeaseAPI(Protocol):
         """The Lease with ``spec``, conditional on ``lease``'s resourceVersion; None on a conflict."""
 
 
+class Watchdog:
+    """Calls ``expired`` from a thread of its own once the deadline passes unrenewed: the exit on a lost Lease must
+    not wait for the event loop, which a blocking call, a long pause or a stopped process (SIGSTOP) holds; a poll
+    on that loop came seconds late, or never. ``expired`` runs at most once."""
+
+    def __init__(self, expired: Callable[[], None], clock: Callable[[], float] = time.monotonic) -> None:
+        self.expired, self.clock = expired, clock
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self._stopped = False
+        self._thread = threading.Thread(target=self._run, name="ddpjob-lease-watchdog", daemon=True)
+
+    def arm(self, deadline: float) -> None:
+        """Expire at ``deadline`` (on ``clock``) unless :meth:`arm` moves it first; starts the thread."""
+        with self._cond:
+            self._deadline = deadline
+            self._cond.notify()
+        if not self._thread.is_alive() and not self._stopped:
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                left = (self._deadline or 0.0) - self.clock()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            if self._stopped:
+                return
+        self.expired()
+
+
 #: The elector of this process, when it runs with leader election: kube/client.py's writes ask it.
 _current: Elector | None = None
 
@@ -122,8 +180,10 @@ class Elector:
         self.api, self.identity, self.timing = api, identity, timing
         self.clock, self.wall, self.sleep = clock, wall, sleep
         self._seen: tuple[tuple[str, str, str], float] | None = None
+        self._missing_since: float | None = None
         self._renewed_at: float | None = None
         self._lease: Obj | None = None
+        self._watchdog: Watchdog | None = None
 
     def leading(self) -> bool:
         return self._renewed_at is not None and self.clock() - self._renewed_at < self.timing.renew_deadline
@@ -137,8 +197,8 @@ class Elector:
         lease = await self.api.get()
         now = self.clock()
         if lease is None:
-            created = await self.api.create(claimed(None, self.identity, self.wall(), self.timing))
-            return self._held(created, now)
+            return await self._create(now)
+        self._missing_since = None
         key = record_key(lease)
         if self._seen is None or self._seen[0] != key:
             self._seen = (key, now)
@@ -147,10 +207,24 @@ class Elector:
             return False
         return self._held(await self.api.replace(lease, claimed(lease, self.identity, self.wall(), self.timing)), now)
 
+    async def _create(self, now: float) -> bool:
+        """The Lease is missing (never made, or deleted): create it, at once if this replica leads, else only once
+        it has been missing for a lease duration, by this replica's clock. The leader that held a deleted Lease may
+        write until its renew deadline; a standby that made a new Lease at once would lead beside it."""
+        if self._missing_since is None:
+            self._missing_since = now
+        if not self.leading() and now - self._missing_since < self.timing.lease:
+            log.info("lease missing for %.1fs: created once it has been missing for %gs", now - self._missing_since,
+                     self.timing.lease)
+            return False
+        return self._held(await self.api.create(claimed(None, self.identity, self.wall(), self.timing)), now)
+
     def _held(self, lease: Obj | None, tried_at: float) -> bool:
         if lease is None:
             return False
         self._lease, self._renewed_at = lease, tried_at
+        if self._watchdog is not None:
+            self._watchdog.arm(tried_at + self.timing.renew_deadline)
         return True
 
     def _call_timeout(self) -> float:
@@ -174,7 +248,7 @@ class Elector:
         while not await self._try():
             if self.holder() and self.holder() != self.identity:
                 log.debug("lease held by %s", self.holder())
-            await self.sleep(self.timing.retry * random.uniform(1.0, 1.2))
+            await self.sleep(self.timing.retry * random.uniform(1.0, JITTER))
         waited = self.clock() - started
         spec = (self._lease or {}).get("spec") or {}
         log.info("%s: leading after %.1fs (lease transitions: %s)", self.identity, waited,
@@ -183,16 +257,29 @@ class Elector:
         return waited
 
     async def keep(self, lost: Callable[[], None]) -> None:
-        """Renew every retry period; call ``lost`` once a renewal has not succeeded for the renew deadline."""
-        while True:
-            await self.sleep(self.timing.retry)
-            if await self._try():
-                continue
-            if not self.leading():
+        """Renew every retry period; ``lost`` is called once a renewal has not succeeded for the renew deadline, by
+        a :class:`Watchdog` (a thread: on time even while this loop cannot run), or by this loop if it sees it
+        first."""
+        once = threading.Lock()
+
+        def expired() -> None:
+            if once.acquire(blocking=False):
                 metrics.LEADER.set(0)
                 log.error("%s: lease not renewed for %gs: leadership lost", self.identity, self.timing.renew_deadline)
                 lost()
-                return
+
+        self._watchdog = Watchdog(expired, self.clock)
+        if self._renewed_at is not None:
+            self._watchdog.arm(self._renewed_at + self.timing.renew_deadline)
+        try:
+            while True:
+                await self.sleep(self.timing.retry)
+                if not await self._try() and not self.leading():
+                    expired()
+                    return
+        finally:
+            self._watchdog.stop()
+            self._watchdog = None
 
     async def release(self) -> None:
         """Give the Lease up (a clean stop), if this replica still holds it."""

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from ddpjob_operator.metrics import jobstats
 from ddpjob_operator.planner import status as st
+from ddpjob_operator.planner.policies import isolation
 from ddpjob_operator.planner.policies.failure import CAUSES
 from ddpjob_operator.planner.policies.recovery_clock import PHASES, TOTAL
 
@@ -31,6 +32,10 @@ RECONCILE_DURATION = Histogram(
     "Wall time of one reconcile pass (read, plan, apply, status write)",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+WORKER_ADMISSION_POLICY = Gauge(
+    "ddpjob_worker_admission_policy", "1 for what the operator last found of the chart's worker admission policy "
+    "and its binding (present; absent; unknown: not readable; unchecked: no --worker-admission-policy), 0 for the "
+    "other states (planner/policies/isolation.py)", ["state"])
 LEADER = Gauge("ddpjob_operator_leader", "1 while this replica holds the leader Lease and reconciles (always 1 "
                "without leader election), 0 while it waits as a standby")
 JOBS = Gauge("ddpjob_jobs", "DDPJobs known to this operator, by state", ["state"])
@@ -116,6 +121,15 @@ for _cause in CAUSES:  # every cause is exported from the start, at 0
     INCIDENTS.labels(cause=_cause)
 for _phase in PHASES:
     RECOVERY_PHASE.labels(phase=_phase)
+
+
+def set_worker_admission_policy(state: str) -> None:
+    """What the operator found of the worker admission policy: 1 for that state, 0 for the others."""
+    for known in isolation.STATES:
+        WORKER_ADMISSION_POLICY.labels(state=known).set(1 if known == state else 0)
+
+
+set_worker_admission_policy(isolation.UNCHECKED)
 
 
 #: Longer than any checkpoint or recovery could take: a reported figure above it is junk, not a measurement.

@@ -10,6 +10,7 @@ safe to repeat (deterministic names, deletes with UID preconditions, losses coun
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -32,6 +33,8 @@ from ddpjob_operator.planner.policies import (
     failure,
     held,
     incidents,
+    isolation,
+    pod_verdicts,
     pods,
     rejected,
     silent,
@@ -75,6 +78,7 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
     edit: edits.Edit | None = None
     try:
         job = parse_ddpjob(body)
+        pod_verdicts.check(job, observed.refused_pods)  # the pod API's word on its pods (a dry run, once per spec)
     except InvalidSpec as err:
         result.invalid, edit = err, edits.decide(body, old, observed.pods, observed.last_valid_spec)
         if edit.action == "ended":
@@ -87,6 +91,7 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
         job = edit.job
     job = inject.with_operator_image(job, observed.runtime_image)
     result.job = job
+    observed = replace(observed, problems=blocked.relevant(observed.problems, job.spec.network_policy_required))
     ps = begin(job, old, observed, now, generation)
     ps.aux.append(edits.condition(result.invalid, edit))
     policy = job.spec.run_policy
@@ -134,7 +139,7 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     job, now, policy = ps.job, ps.now, ps.job.spec.run_policy
     kids = _children(result, ps)
     reported = silent.reports(ps.old.get("progress"))
-    quiet = {p.uid for p in ps.workers if silent.applies(p, reported.get(p.name))}  # reported silent
+    quiet = pods.reported_silent(ps.workers, reported)
     losses = [] if finishing else _losses(ps, reported)
     how = stall_restart.REPLACE_PODS
     verdict = stall.check(ps.old, [p for p in ps.workers if p.active and (p.index or 0) < job.spec.pod_count],
@@ -155,7 +160,7 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     ps.recent, ps.count, ps.counted = decision.incidents, decision.count, decision.counted
     for incident in ps.recent:
         if incident["id"] in decision.opened and incident["cause"] == reasons.STALLED:
-            incident["restart"] = how
+            stall_restart.mark(incident, how, ps.old.get("progress") or {})
     ps.restarts += sum(1 for loss, _ in decision.new_losses if loss.index is not None)
     result.new_incidents = [i["cause"] for i in ps.recent if i["id"] in decision.opened]
     _record_losses(result, ps, decision)
@@ -175,6 +180,8 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     result.delete_pods, result.create_pods = pod_plan.delete, pod_plan.create
     if ps.placements is not None:
         result.create_pods = admission.place(result.create_pods, ps.placements)
+    result.check_pods = pod_verdicts.to_check(job, result.create_pods, ps.obs.accepted_pods)
+    result.create_pods = [] if result.check_pods else result.create_pods
     result.replacements = pod_plan.replacements
     for at in pod_plan.recheck:
         result.requeue_at(at, now)
@@ -258,7 +265,7 @@ def _loss_event(loss: failure.Loss, incident_id: int, ps: Pass) -> st.Event:
 
 def _aux(ps: Pass, verdict: stall.Verdict | None, conflicts: Sequence[str]) -> None:
     found = aux_conditions(ps.recent, verdict, conflicts, ps.obs.problems, [*ps.workers, *ps.rdzv],
-                           gang=ps.job.spec.scheduling.gang is not None)
+                           gang=ps.job.spec.scheduling.gang is not None) + isolation.condition(ps.obs.worker_isolation)
     kueue_queued = next((a for a in ps.aux if a.type == st.QUEUED), None)
     if kueue_queued is not None:  # Kueue's word while it holds the job, the scheduler's once it is admitted
         if kueue_queued.status:

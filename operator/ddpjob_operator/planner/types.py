@@ -11,7 +11,7 @@ from ddpjob_operator.api.spec import DDPJob, InvalidSpec
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.kueue.admission import KueueInputs, WorkloadWrite
 from ddpjob_operator.planner.observation import ChildView, PodView
-from ddpjob_operator.planner.policies import status_writes
+from ddpjob_operator.planner.policies import isolation, pod_verdicts, status_writes
 from ddpjob_operator.planner.policies.children import ChildKey, Problem
 from ddpjob_operator.planner.policies.pods import DeletePod, Replacement
 from ddpjob_operator.planner.policies.rejected import Rejection
@@ -30,6 +30,8 @@ class Plan:
     ensure: list[Obj] = dataclasses.field(default_factory=list)
     delete_pods: list[DeletePod] = dataclasses.field(default_factory=list)
     create_pods: list[Obj] = dataclasses.field(default_factory=list)
+    check_pods: list[Obj] = dataclasses.field(default_factory=list)
+    """Pods to dry-run first: no pod of a spec is created before the pod API accepted its dry run (pod_verdicts)."""
     replacements: list[Replacement] = dataclasses.field(default_factory=list)
     annotate_pods: list[tuple[PodView, str]] = dataclasses.field(default_factory=list)
     """Workers to give an in-place restart request (policies/stall_restart), with its text."""
@@ -93,3 +95,9 @@ class Observed:
     """A create of this pass that the API server rejected as invalid: the job fails, its history kept."""
     unreadable_said: frozenset[str] = frozenset()
     """Paths of status.progress times this operator process already said it cannot read (once per job)."""
+    refused_pods: Mapping[str, pod_verdicts.Verdict] = dataclasses.field(default_factory=dict)
+    """The pod API's verdicts on specs whose dry-run pods it refused as invalid, by pod_verdicts.spec_key."""
+    accepted_pods: frozenset[str] | None = None
+    """Specs whose dry-run pods the pod API accepted (None: no dry runs, as in the local runner)."""
+    worker_isolation: isolation.Verdict | None = None
+    """What the operator last found of the worker admission policy (None: not checked yet)."""

@@ -25,12 +25,15 @@ from ddpjob_operator.planner import plan as planner
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.kueue import admission
 from ddpjob_operator.planner.observation import PodView, truncate
+from ddpjob_operator.planner.policies import pods as pod_rules
 from ddpjob_operator.planner.policies import status_writes
 from ddpjob_operator.planner.policies.rejected import Rejection
-from ddpjob_operator.runtime import kueue_sync, resync
+from ddpjob_operator.runtime import kueue_sync, resync, status_write
 from ddpjob_operator.runtime.apply import answered, apply_children, apply_pods
 from ddpjob_operator.runtime.cache import ChildCache, Key
+from ddpjob_operator.runtime.isolation import IsolationCheck
 from ddpjob_operator.runtime.memory import JobMemory, backoff
+from ddpjob_operator.runtime.pod_check import check_pods
 from ddpjob_operator.runtime.workqueue import WorkQueue
 
 log = logging.getLogger("ddpjob.controller")
@@ -99,6 +102,7 @@ class Controller:
         self.namespaces: list[str] = []
         self.resync_seconds = resync.DEFAULT_RESYNC_SECONDS
         self.runtime_image = ""  # ddpjob operator --runtime-image; empty: inject.DEFAULT_RUNTIME_IMAGE
+        self.isolation = IsolationCheck()  # ddpjob operator --worker-admission-policy (runtime/isolation.py)
         self._workers: list[asyncio.Task[None]] = []
         self._synced: asyncio.Event | None = None
         self._events = 0  # job watch events and status writes so far: marks for the resync (job_seen)
@@ -117,6 +121,9 @@ class Controller:
         self._workers.append(asyncio.create_task(
             podwatch.watch_pods(kube.settings, self.namespaces, functools.partial(self.child_seen, "Pod")),
             name="ddpjob-pods"))
+        self._workers.append(asyncio.create_task(  # every job says what changed in its next pass
+            self.isolation.run(kube, self.resync_seconds, lambda: self.enqueue(list(self.jobs))),
+            name="ddpjob-isolation"))
 
     async def stop(self) -> None:
         """Cancel the workers (operator shutdown)."""
@@ -240,19 +247,23 @@ class Controller:
         now = datetime.now(UTC)
         observed = await self._observe(key, mem, body, t0, now)
         plan = planner.plan(body, observed, now)
-        if plan.job is not None and plan.invalid is None:
-            mem.last_valid_spec = copy.deepcopy(body.get("spec"))
         plan = await self._carry_out(key, mem, body, observed, plan, now)
+        if plan.job is not None and plan.invalid is None:  # after the pod API's word on its pods (pod_check.py)
+            mem.last_valid_spec = copy.deepcopy(body.get("spec"))
         self._log(key, plan)
         for path, value in plan.unreadable.items():  # once per job: the planner leaves out those said before
             log.warning("job=%s/%s %s=%r is not a time the operator can read: ignored", *key, path, value)
         mem.unreadable_said.update(plan.unreadable)
         mem.routine_since = (mem.routine_since or now) if plan.status_held else None
         if plan.patch:
-            fresh = await self.kube.patch_status(key[0], key[1], plan.patch)
+            written = await status_write.write(self.kube, key, _rv(body), plan.patch)
+            fresh = written.body
             if fresh and not _older(_rv(fresh), mem.resource_version):
                 self._events += 1
                 mem.take(_kept(fresh), _rv(fresh), self._events)
+            if written.conflict:  # nothing of this plan is said or counted: the next pass plans from `fresh`
+                self.queue.add(key)
+                return
             if plan.status.get("state") == st.RUNNING and _first_start(body.get("status") or {}):
                 self._observe_time_to_running(body, now)
             _observe_kueue(body.get("status") or {}, plan.status, now)
@@ -281,23 +292,29 @@ class Controller:
             routine_wait=status_writes.interval(len(self.queue), WORKERS),
             kueue=await self._kueue_inputs(body, key, mem), last_valid_spec=mem.last_valid_spec,
             runtime_image=self.runtime_image, unreadable_said=frozenset(mem.unreadable_said),
+            refused_pods=dict(mem.pods_refused), accepted_pods=frozenset(mem.pods_accepted),
+            worker_isolation=self.isolation.verdict,
         )
 
     async def _carry_out(self, key: Key, mem: JobMemory, body: Mapping[str, Any], observed: planner.Observed,
                          plan: planner.Plan, now: datetime) -> planner.Plan:
-        """Carry the plan out: the children, then the pods, then Kueue's Workload writes. After a step whose answers
-        changed what the pass knows, the planner plans again with them, and its plan is taken whole less what was
-        done (apply.answered): the pods it then holds back are never created, and the status, the Events and the
-        next pass say what the answers mean. A child rejected as invalid fails the job: the planner plans that too
-        (history kept), and its pod deletes (cleanPodPolicy) and Workload writes are carried out."""
+        """Carry the plan out: the children, the dry run of a new spec's pods (pod_check.py), the pods, then Kueue's
+        Workload writes. After a step whose answers changed what the pass knows, the planner plans again with them,
+        and its plan is taken whole less what was done (apply.answered): the pods it then holds back are never
+        created, and the status, the Events and the next pass say what the answers mean. A child rejected as invalid
+        fails the job: the planner plans that too (history kept), and its pod deletes (cleanPodPolicy) and Workload
+        writes are carried out."""
         assert self.kube is not None
 
         def replan(rejection: Rejection | None = None) -> planner.Plan:
-            again = dataclasses.replace(observed, problems=dict(mem.problems), rejected=rejection)
+            again = dataclasses.replace(observed, problems=dict(mem.problems), rejected=rejection,
+                                        refused_pods=dict(mem.pods_refused), accepted_pods=frozenset(mem.pods_accepted))
             return planner.plan(body, again, now)
 
         try:
             if plan.job is not None and await apply_children(self.kube, key, mem, plan, self.identity):
+                plan = answered(replan(), plan, pods=False)
+            if await check_pods(self.kube, key, mem, plan, self.identity):  # a new spec's pods: dry run first
                 plan = answered(replan(), plan, pods=False)
             if plan.job is not None and await apply_pods(self.kube, key, mem, plan, self.identity):
                 plan = answered(replan(), plan, pods=True)
@@ -352,8 +369,9 @@ class Controller:
     async def _node_readiness(
         self, body: Mapping[str, Any], pods: list[PodView], now: datetime
     ) -> dict[str, bool]:
-        """Readiness of the nodes of pods Terminating for longer than the threshold (a rare, cheap read). Counted
-        from the deletion's request, as policies/stuck.py counts: a node it was not given is NotReady to it."""
+        """Readiness of the nodes of pods Terminating for longer than the threshold (a rare, cheap read; counted
+        from the deletion's request, as policies/stuck.py counts: a node it was not given is NotReady to it), and of
+        counted pods their group reported silent (forced where NotReady, else deleted gracefully first)."""
         assert self.kube is not None
         policy = (body.get("spec") or {}).get("runPolicy") or {}
         threshold = timedelta(seconds=int(policy.get("terminatingNodeTimeoutSeconds", 300)))
@@ -361,7 +379,7 @@ class Controller:
             p.node_name
             for p in pods
             if p.node_name and p.deletion_requested and now - p.deletion_requested >= threshold
-        }
+        } | pod_rules.silent_nodes(pods, body.get("status") or {})
         return {n: await self.kube.node_ready(n) for n in nodes}
 
     def _observe_time_to_running(self, body: Mapping[str, Any], now: datetime) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import kopf
 
 from ddpjob_operator.api import names
-from ddpjob_operator.kube import leader
+from ddpjob_operator.kube import kopf_compat, leader
 from ddpjob_operator.metrics import registry as metrics
 
 log = logging.getLogger("ddpjob")
@@ -34,10 +34,11 @@ class Election:
 
 
 def run_operator(namespaces: list[str], metrics_port: int, liveness_port: int, resync_seconds: float,
-                 election: Election | None = None, runtime_image: str = "") -> int:
+                 election: Election | None = None, runtime_image: str = "", worker_admission_policy: str = "") -> int:
     """Run the operator until SIGINT/SIGTERM against the current kubeconfig or in-cluster config; with
     ``election``, only while this replica holds the leader Lease. ``runtime_image``: the injected runtime's image
-    for jobs that name none (empty: what `make images` builds)."""
+    for jobs that name none (empty: what `make images` builds). ``worker_admission_policy``: the chart's
+    ValidatingAdmissionPolicy to check (runtime/isolation.py; empty: none)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # kopf logs one line per handled watch event at INFO; at 500 jobs that drowns the operator's own lines.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -46,6 +47,7 @@ def run_operator(namespaces: list[str], metrics_port: int, liveness_port: int, r
     handlers.controller.namespaces = list(namespaces)
     handlers.controller.resync_seconds = resync_seconds
     handlers.controller.runtime_image = runtime_image
+    handlers.controller.isolation.policy = worker_admission_policy
 
     metrics.serve(metrics_port)
     liveness = f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None
@@ -81,6 +83,7 @@ async def _elected(election: Election, liveness_port: int, options: dict[str, ob
             log.info("stopped while waiting to lead")
             return
         leader.install(elector)
+        kopf_compat.fence_events(leader.may_write)  # kopf posts Events past kube/client.py's fence
         keeper = asyncio.create_task(elector.keep(_lost))
         try:
             await kopf.operator(**options)  # type: ignore[arg-type]
@@ -116,7 +119,8 @@ async def _until_stopped(waiting: Coroutine[Any, Any, object]) -> bool:
 
 def _lost() -> None:
     """Another replica may lead from now on: stop writing at once, not after kopf's graceful stop (its cleanup
-    writes). The container restarts and waits as a standby."""
+    writes). Called from the lease watchdog's thread (leader.Watchdog), on time even while the event loop is held.
+    The container restarts and waits as a standby."""
     log.critical("leadership lost: exiting (%d) so the new leader is the only writer", EXIT_LEADERSHIP_LOST)
     logging.shutdown()
     sys.stdout.flush()

@@ -9,6 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from ddpjob_operator.planner.observation import PodView
+from ddpjob_operator.planner.policies import pod_verdicts
 from ddpjob_operator.planner.policies.children import ChildKey, Problem
 
 #: How long a pod we created may be missing from the watch-fed cache before we stop assuming it exists.
@@ -62,6 +63,10 @@ class JobMemory:
     """The checkpoint write and load already in the metrics (metrics.observe_checkpoints)."""
     unreadable_said: set[str] = dataclasses.field(default_factory=set)
     """Paths of status.progress times already said to be unreadable (an Event and a log line once per job)."""
+    pods_accepted: set[str] = dataclasses.field(default_factory=set)
+    """Specs (pod_verdicts.spec_key) whose dry-run pods the API server accepted (runtime/pod_check.py)."""
+    pods_refused: dict[str, pod_verdicts.Verdict] = dataclasses.field(default_factory=dict)
+    """Specs whose dry-run pods the pod API refused as invalid, with why in the spec's terms."""
 
     def take(self, body: dict[str, Any], resource_version: str, events: int) -> None:
         """``body`` is the newest version now."""

@@ -77,6 +77,15 @@ def _queue(status: Obj) -> str:
     return "-"
 
 
+def _unprotected(status: Obj) -> list[str]:
+    """A line while the operator finds the worker admission policy not in force (planner/policies/isolation.py)."""
+    cond = next((c for c in status.get("conditions") or [] if c.get("type") == st.STATUS_UNPROTECTED), None)
+    if not cond or cond.get("status") != "True":
+        return []
+    return [_line("Security", f"status writable by any worker pod of the namespace ({cond.get('reason')}): "
+                              f"{cond.get('message')}")]
+
+
 def _header(job: Obj, now: datetime) -> list[str]:
     meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
     workers = f"{status.get('ready') or '0/' + str(spec.get('replicas', '?'))} ready"
@@ -86,7 +95,7 @@ def _header(job: Obj, now: datetime) -> list[str]:
     started = facts.parse_time(status.get("startTime"))
     age = facts.since(meta.get("creationTimestamp"), now)
     lines = [_line("Name", str(meta.get("name"))), _line("Namespace", str(meta.get("namespace"))),
-             _line("State", _state(status)), _line("Workers", workers),
+             _line("State", _state(status)), *_unprotected(status), _line("Workers", workers),
              _line("Age", facts.duration(age) + (f" (started {started:%Y-%m-%d %H:%M:%S}Z)" if started else ""))]
     lines += _progress_lines(status, now)
     lines.append(_line("Checkpoint", _checkpoint(status, now)))

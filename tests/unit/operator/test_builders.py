@@ -46,18 +46,25 @@ def test_service_golden() -> None:
 
 def test_worker_env_round_trips_through_the_contract() -> None:
     pod = builders.build_worker_pod(charlm(), 1)
-    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"] if "value" in e}
     parsed = WorkerEnv.from_env(env)
     assert parsed.job_uid == "uid-charlm" and parsed.worker_index == 1
     assert parsed.rdzv_endpoint == "charlm-rdzv.charlm.team-a.svc:29400"
     assert parsed.nnodes == "2" and parsed.rdzv_conf.startswith("is_host=false")
 
 
+def test_every_worker_learns_its_pods_uid_from_the_downward_api() -> None:
+    """The agent's rendezvous node carries it, so a report of a silent peer names that very pod (issue 43 #6)."""
+    env = builders.build_worker_pod(charlm(), 1)["spec"]["containers"][0]["env"]
+    assert [e for e in env if e["name"] == "DDPJOB_POD_UID"] == [
+        {"name": "DDPJOB_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]
+
+
 def test_user_env_is_kept_beside_the_contract() -> None:
     job = make_job().obj()
     job["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "MY_VAR", "value": "kept"}]
     env = builders.build_worker_pod(parse_ddpjob(job), 0)["spec"]["containers"][0]["env"]
-    values = {e["name"]: e["value"] for e in env}
+    values = {e["name"]: e["value"] for e in env if "value" in e}
     assert values["MY_VAR"] == "kept" and values["PET_RDZV_ENDPOINT"].startswith("job-rdzv.job.ns.svc:")
     assert values["DDPJOB_TERMINATION_LOG"] == "/dev/termination-log"
 
@@ -89,7 +96,7 @@ def test_elastic_nnodes_and_sidecar_untouched() -> None:
     pod = builders.build_worker_pod(parse_ddpjob(job), 2)
     sidecar, worker = pod["spec"]["containers"]
     assert "env" not in sidecar
-    assert {e["name"]: e["value"] for e in worker["env"]}["PET_NNODES"] == "2:4"
+    assert {e["name"]: e.get("value") for e in worker["env"]}["PET_NNODES"] == "2:4"
 
 
 @pytest.mark.parametrize(
@@ -249,7 +256,7 @@ def test_grace_period_and_sigterm_budget() -> None:
     job = make_job().obj()
     job["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 120
     pod = builders.build_worker_pod(parse_ddpjob(job), 0)
-    env = {e["name"]: e["value"] for e in pod["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
     assert pod["spec"]["terminationGracePeriodSeconds"] == 120
     assert env["DDPJOB_SIGTERM_BUDGET_SECONDS"] == "90"
 

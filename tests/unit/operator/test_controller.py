@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import kopf
 import pytest
 from ddpjob_operator.api import reasons
-from ddpjob_operator.kube.client import Created, Rejected, refusal
+from ddpjob_operator.kube.client import Created, Rejected, StatusConflict, refusal
 from ddpjob_operator.planner.plan import CONFLICT_RECHECK_SECONDS
 from ddpjob_operator.planner.policies.children import Problem
 from ddpjob_operator.runtime import controller as ctl
@@ -31,9 +32,13 @@ class FakeKube:
         self.reject = reject
         self.forbid = forbid
         self.unserved = unserved  # a kind whose CRD is not installed (client.py's answer to its 404)
+        self.first_writer: Callable[[dict[str, Any]], None] | None = None
 
-    async def create(self, obj: dict[str, Any]) -> Created:
+    async def create(self, obj: dict[str, Any], *, dry_run: bool = False) -> Created:
         key = (obj["kind"], obj["metadata"]["name"])
+        if dry_run:  # runtime/pod_check.py: nothing stored; the pod API's answer as the real create's
+            self.calls.append(f"dry-run {key[0]} {key[1]}")
+            return Created(obj=copy.deepcopy(obj))
         self.calls.append(f"create {key[0]} {key[1]}")
         if self.reject == key[0]:
             raise Rejected(key[0], key[1], "spec.containers[0].resources: bad quantity")
@@ -52,14 +57,21 @@ class FakeKube:
         return Created(obj=new)
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        return copy.deepcopy(self.objects.get((kind, name)))
+        return copy.deepcopy(self.job if kind == "DDPJob" else self.objects.get((kind, name)))
 
     async def delete_pod(self, namespace: str, name: str, uid: str, *, force: bool) -> bool:
         self.calls.append(f"delete Pod {name}")
         return self.objects.pop(("Pod", name), None) is not None
 
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any],
+                           resource_version: str = "") -> dict[str, Any]:
         self.calls.append("patch status")
+        if self.first_writer is not None:  # another writer's status lands while this pass runs
+            self.first_writer(self.job)
+            self.first_writer = None
+            self.job["metadata"]["resourceVersion"] = str(int(self.job["metadata"]["resourceVersion"]) + 1)
+        if resource_version and resource_version != self.job["metadata"].get("resourceVersion"):
+            raise StatusConflict(f"{namespace}/{name}")
         st = self.job.setdefault("status", {})
         for k, v in status.items():
             if v is None:
@@ -382,3 +394,38 @@ def test_node_readiness_is_read_from_the_deletion_request_as_the_stuck_rule_coun
     c.kube = FakeKube(job)  # type: ignore[assignment]
     assert asyncio.run(c._node_readiness(job, [pod], at(59))) == {}
     assert asyncio.run(c._node_readiness(job, [pod], at(60))) == {"n1": True}
+
+
+def test_a_status_write_refused_as_stale_reads_the_job_again_and_says_nothing_until_written(
+        events: list[tuple[str, str]]) -> None:
+    """The status write is conditional on the body the pass planned from (runtime/status_write.py): when another
+    writer came first (here a third incident, as another operator replica would write it), the API server refuses
+    it with 409. The pass then posts no Event and counts nothing; it reads the job again, and the next pass plans
+    from that: the other writer's incidents stay, and the Event is said once, by the plan that is written."""
+    incidents = [{"id": i, "cause": "PodDeleted", "outcome": "Recovered", "startTime": "2026-01-01T11:00:00Z"}
+                 for i in (1, 2)]
+    job = make_job(replicas=1).with_status(state="Running", incidentCount=2, incidents=incidents, restarts=2).obj()
+    job["metadata"]["resourceVersion"] = "5"
+    kube = FakeKube(job, reject="Pod")
+    third = {"id": 3, "cause": "NodeLost", "outcome": "Recovering", "startTime": "2026-01-01T11:50:00Z"}
+    kube.first_writer = lambda j: j["status"].update(incidentCount=3, incidents=[*incidents, third])
+    key = ("ns", "job")
+
+    async def scenario() -> ctl.Controller:
+        c = ctl.Controller()
+        c.kube = kube  # type: ignore[assignment]
+        c.job_seen(None, job)
+        await c.reconcile(key)
+        mem = c.jobs[key]
+        assert events == [] and "Failed" not in str(job["status"].get("conditions")), "the refused plan says nothing"
+        assert mem.body["status"]["incidentCount"] == 3 and mem.resource_version == "6", "read again"
+        assert mem.incidents_floor == 0 and key in c.queue._waiting, "planned again"
+        await c.reconcile(key)
+        c.queue.close()
+        return c
+
+    asyncio.run(scenario())
+    status = job["status"]
+    assert kube.calls.count("patch status") == 2
+    assert [i["id"] for i in status["incidents"]] == [1, 2, 3] and status["incidentCount"] == 3
+    assert [r for r, _ in events].count("InvalidPodTemplate") == 1

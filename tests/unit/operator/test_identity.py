@@ -25,7 +25,9 @@ class SlowKube:
         self.creates.append((meta["namespace"], kind))
         await asyncio.sleep(0.01)
         if kind == self.refuse:
-            return Created(refused=refusal(kind, meta["name"], f"{kind.lower()}s is forbidden"))
+            plural = f"{kind.lower()}s"
+            return Created(refused=refusal(kind, meta["name"], f'{plural} is forbidden: User "system:serviceaccount:'
+                                           f'ddpjob-system:ddpjob-operator" cannot create resource "{plural}"'))
         key = (meta["namespace"], kind, meta["name"])
         if key in self.objects:
             return Created(existing=obj)

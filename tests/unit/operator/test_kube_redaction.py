@@ -41,7 +41,7 @@ def test_a_webhooks_denial_is_redacted_and_still_diagnosed() -> None:
     message = (f'admission webhook "policy.example" denied the request: pods "j-worker-0" is forbidden: exceeded '
                f"quota: q; env PGPASSWORD={SECRET} is not allowed")
     created = create_failing_with(kopf_errors.APIForbiddenError(status(message), status=403, headers={}))
-    assert created.refused is not None and created.refused.reason == "QuotaExceeded"
+    assert created.refused is not None and created.refused.reason == "AdmissionDenied"
     assert SECRET not in created.refused.message and "PGPASSWORD=***" in created.refused.message
 
 

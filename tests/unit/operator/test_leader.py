@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
+import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -55,23 +57,42 @@ def test_released_leaves_no_holder_and_keeps_the_count() -> None:
 
 @pytest.mark.parametrize(("timing", "ok"), [
     (leader.Timing(), True),
+    (leader.Timing(lease=4, renew_deadline=3, retry=1), True),  # tests/integration/test_leader_election.py
     (leader.Timing(lease=15, renew_deadline=15, retry=2), False),  # two leaders for an instant
     (leader.Timing(lease=15, renew_deadline=10, retry=10), False),
     (leader.Timing(lease=15, renew_deadline=10, retry=0), False),
     (leader.Timing(lease=15.5, renew_deadline=10, retry=2), False),
+    (leader.Timing(lease=15, renew_deadline=14, retry=4), False),  # client-go's rule holds; a 1 s margin does not
+    (leader.Timing(lease=15, renew_deadline=6, retry=5), False),  # one try to renew: 6 <= 1.2 x 5
 ])
 def test_timing(timing: leader.Timing, ok: bool) -> None:
     assert (timing.error() is None) is ok
 
 
-class MemoryLease:
-    """One Lease with resourceVersion conflicts, as the API server keeps it; ``down`` makes every call fail."""
+def test_an_unsafe_timing_is_refused_at_start_naming_the_flags() -> None:
+    from ddpjob_operator.cli.app import app
+    from typer.testing import CliRunner
 
-    def __init__(self) -> None:
+    result = CliRunner().invoke(app, ["operator", "--leader-elect", "--lease-duration", "15", "--renew-deadline", "14",
+                                      "--retry-period", "4"])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.replace("│", " ").split())  # rich wraps the message in a box
+    assert "must exceed the renew deadline (14s) by at least the retry period (4s)" in said, said
+    assert "--retry-period, --renew-deadline, --lease-duration" in said, said
+
+
+class MemoryLease:
+    """One Lease with resourceVersion conflicts, as the API server keeps it; ``down`` makes every call fail. It
+    exists, held by nobody (``missing``: not created yet)."""
+
+    def __init__(self, missing: bool = False) -> None:
         self.obj: dict[str, Any] | None = None
         self.rv = 0
         self.down = False
         self.writes: list[str] = []
+        if not missing:
+            self._store({"holderIdentity": None, "leaseDurationSeconds": 1})
+            self.writes.clear()
 
     def _check(self) -> None:
         if self.down:
@@ -176,3 +197,50 @@ def test_keep_calls_lost_once_renewals_fail_for_the_renew_deadline_and_writes_st
 
     asyncio.run(scenario())
     assert lost and 1000 + T.renew_deadline <= lost[0] <= 1000 + T.renew_deadline + T.retry
+
+
+def test_the_exit_on_a_lost_lease_is_kept_by_a_watchdog_while_the_event_loop_is_blocked() -> None:
+    """The renewals fail, and the event loop is then blocked (a long synchronous call; a stopped process is the
+    same to it): ``lost`` still comes at the renew deadline, from the watchdog's thread. A poll on the loop could
+    not run until the loop was free again."""
+    api = MemoryLease()
+    timing = leader.Timing(lease=3, renew_deadline=1.0, retry=0.2)
+    a = leader.Elector(api, "a", timing)
+    lost = threading.Event()
+    when: list[float] = []
+
+    def on_lost() -> None:
+        when.append(time.monotonic())
+        lost.set()
+
+    async def scenario() -> float:
+        assert await a.try_once()
+        renewed = time.monotonic()
+        keeper = asyncio.create_task(a.keep(on_lost))
+        await asyncio.sleep(0)  # keep arms the watchdog
+        api.down = True
+        lost.wait(timeout=10)  # blocks the event loop: no renewal try, no poll can run
+        keeper.cancel()
+        return renewed
+
+    renewed = asyncio.run(scenario())
+    assert lost.is_set(), "lost() never came while the loop was blocked"
+    assert renewed + timing.renew_deadline <= when[0] <= renewed + timing.renew_deadline + 2.0
+
+
+def test_a_deleted_lease_is_created_again_only_after_a_lease_duration_but_at_once_by_its_leader() -> None:
+    api, clock = MemoryLease(), Clock()
+    a, b = electors(api, clock)
+
+    async def scenario() -> None:
+        assert await a.try_once()
+        api.obj = None  # someone deleted the Lease
+        assert not await b.try_once(), "a may still write until its renew deadline"
+        clock.t += T.lease - 1
+        assert not await b.try_once()
+        clock.t += 1
+        assert await b.try_once() and b.leading()  # missing for a lease duration: a has stopped writing by now
+        api.obj = None
+        assert await b.try_once(), "its own Lease, deleted: the leader creates it again at once"
+
+    asyncio.run(scenario())

@@ -84,6 +84,28 @@ def test_unanswered(incident: dict[str, Any], progress: dict[str, Any], now: flo
     assert stall_restart.unanswered(incident, progress, at(now)) is want
 
 
+#: An in-place incident as this operator opens it: the stalled group's rendezvousTime, as rank 0 wrote it.
+NAMED = {**IN_PLACE, "stalledGroup": ms(-50)}
+#: Seconds the workers' clock is off the operator's (the request's time and the incident's start are the operator's).
+SKEWS = [-600.0, -60.0, 0.0, 60.0, 600.0]
+
+
+@pytest.mark.parametrize("skew", SKEWS, ids=[f"worker {s:+.0f}s" for s in SKEWS])
+def test_an_answer_is_a_group_other_than_the_stalled_one_whatever_the_clocks(skew: float) -> None:
+    """The group stalled (its record says it formed at -50, worker clock); the request went out at 10 (operator
+    clock). A worker behind by minutes looked unanswered (its new group's time before the request) and had every
+    pod replaced; the incident never closed either."""
+    new_group = group(40 + skew)
+    assert not stall_restart.unanswered(NAMED, new_group, at(130)), "a new group formed: answered"
+    assert stall_restart.unanswered(NAMED, group(-50, -48), at(130)), "the stalled group itself: unanswered"
+    assert stall_restart.unanswered({**NAMED, "stalledGroup": ""}, {}, at(130)), "no record then, none now"
+
+
+def test_an_incident_of_an_older_operator_keeps_the_time_rule() -> None:
+    assert stall_restart.unanswered(IN_PLACE, group(-50, -48), at(130))
+    assert not stall_restart.unanswered(IN_PLACE, group(40), at(130))
+
+
 def stalled_in_place(**policy: Any) -> FakeCluster:
     """Two workers that did step 7 at 10 s and nothing since; the stall found at 41 s and its request written."""
     c = running_cluster(replicas=2, progressDeadlineSeconds=30, **policy)
@@ -119,6 +141,20 @@ def test_a_stall_restarts_the_group_in_place_keeping_the_pods_and_recovers_on_th
     assert not st.condition_true(c.status, "Stalled") and c.status["incidentCount"] == 1
     assert {n: p["metadata"]["uid"] for n, p in c.pods.items()} == uids  # the same pods throughout
     assert pruned(c.status, status_schema()) == []
+
+
+@pytest.mark.parametrize("skew", [-600.0, 600.0], ids=["worker behind", "worker ahead"])
+def test_an_in_place_restart_answered_by_workers_with_another_clock_recovers_and_is_never_escalated(
+        skew: float) -> None:
+    c = stalled_in_place()
+    c.jobobj["status"]["progress"] = group(50 + skew, 52 + skew)
+    c.step(at(53))
+    inc = c.status["incidents"][-1]
+    assert inc["outcome"] == "Recovered", inc
+    p = c.step(at(161))
+    assert not [e for e in p.events if e.reason == "RestartInPlaceUnanswered"] and not p.delete_pods
+    assert c.status["incidentCount"] == 1 and c.status["incidents"][-1]["restart"] == "InPlace"
+    assert c.status["incidents"][-1]["stalledGroup"] == "", "the stalled group had no record"
 
 
 def test_a_group_that_stalls_again_right_after_an_in_place_restart_gets_new_pods() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddpjob_worker import compat
+from ddpjob_worker import compat, contract, peerreport
 
 from tests.cluster.controlplane import free_port
 from tests.unit.worker.test_storekeeper import handler, server
@@ -50,3 +50,20 @@ def test_a_renewed_node_joins_and_leaves_as_itself_and_the_old_one_cannot_remove
     assert _listed(new) == {str(node)}
     compat.leave_round(new)
     assert _listed(old) == set()
+
+
+def test_a_node_named_by_its_pods_uid_joins_as_itself_and_a_survivor_reads_the_uid_back() -> None:
+    """Issue 43 #6: the node id carries the pod's UID (a 159-bit int in torch's ``pid`` field), through a real
+    rendezvous state round trip (pickled into the store), so the report of a silent peer names that very pod."""
+    uid = "0f7c2a64-5be1-4c0e-9d3a-7e2b8c1d4f60"
+    port = free_port()
+    _store = server(port)
+    h = handler(port)
+    node = compat.renew_node(h, peerreport.node_id({contract.DDPJOB_POD_UID: uid}))
+    h.next_rendezvous()
+    listed = _listed(h)
+    assert listed == {str(node)}
+    assert [peerreport.uid_of(n) for n in listed] == [uid]
+    assert peerreport.pod_of(str(node)) == str(compat.this_node(h).addr).split(".", 1)[0]
+    compat.leave_round(h)
+    assert _listed(h) == set()

@@ -10,7 +10,14 @@ import copy
 from typing import Any
 
 from ddpjob_worker import restart_request
-from ddpjob_worker.contract import DEFAULT_TERMINATION_LOG, RUNTIME_IMAGE_DIR, WORKER_GID, WORKER_UID, WorkerEnv
+from ddpjob_worker.contract import (
+    DEFAULT_TERMINATION_LOG,
+    POD_UID_ENV,
+    RUNTIME_IMAGE_DIR,
+    WORKER_GID,
+    WORKER_UID,
+    WorkerEnv,
+)
 
 from ddpjob_operator.api import names
 from ddpjob_operator.api.spec import (
@@ -137,7 +144,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
     # No clash with the user's variables: spec.py refuses a template that sets one the contract sets.
     worker["env"] = [*(worker.get("env") or []), *({"name": k, "value": v} for k, v in env.items()),
                      {"name": restart_request.DDPJOB_RESTART_REQUEST_FILE, "value": restart_request.REQUEST_FILE},
-                     *storage.storage_env(job)]
+                     copy.deepcopy(POD_UID_ENV), *storage.storage_env(job)]
     store_volumes, store_mounts = storage.storage_volumes(job)
     # The planner copies this message into the Failed condition; logs are the fallback when the program
     # wrote no /dev/termination-log.
@@ -291,7 +298,7 @@ def build_network_policy(job: DDPJob) -> Obj:
 def build_static_children(job: DDPJob) -> list[Obj]:
     """Every non-pod child of the job, in dependency order; ensured on every pass (the namespace's worker identity
     is ensured apart, identity.py)."""
-    objs = [build_service(job), build_network_policy(job)]
+    objs = [build_service(job), *([build_network_policy(job)] if job.spec.network_policy_required else [])]
     pvc = build_pvc(job)
     if pvc is not None:
         objs.append(pvc)

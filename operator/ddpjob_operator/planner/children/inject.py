@@ -24,7 +24,8 @@ Obj = dict[str, Any]
 
 #: What `make images` builds; the chart sets the operator's --runtime-image (env DDPJOB_RUNTIME_IMAGE) to its own.
 DEFAULT_RUNTIME_IMAGE = "ddpjob-runtime:dev"
-#: cp of ~1 MB of Python files: the smallest requests the schedulers honour, a limit for a quota that needs one.
+#: cp of ~6 MB of Python files (the runtime and its vendored boto3): the smallest requests the schedulers honour, a
+#: limit for a quota that needs one.
 INIT_RESOURCES = {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}}
 
 

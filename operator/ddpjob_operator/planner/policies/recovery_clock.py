@@ -39,6 +39,26 @@ def group_times(progress: Mapping[str, Any]) -> tuple[datetime | None, datetime 
     return rdzv, loaded, first
 
 
+#: An in-place restart's incident field: the group that stalled, as rank 0 named it (group_id).
+STALLED_GROUP = "stalledGroup"
+
+
+def group_id(progress: Mapping[str, Any]) -> str:
+    """Rank 0's current group as it wrote it (its ``start.rendezvousTime``, verbatim; "" for none). An identity,
+    compared for equality only: it is the worker's clock, and the operator's is another machine's."""
+    start = progress.get("start")
+    value = start.get("rendezvousTime") if isinstance(start, Mapping) else None
+    return value if isinstance(value, str) else ""
+
+
+def regrouped(incident: Mapping[str, Any], progress: Mapping[str, Any]) -> bool | None:
+    """Whether a group other than the one that stalled trains now (an in-place restart answered); None for an
+    incident that named no group (opened by an operator before stalledGroup)."""
+    if STALLED_GROUP not in incident:
+        return None
+    return group_id(progress) != str(incident.get(STALLED_GROUP) or "")
+
+
 def _seconds(at: datetime | None, began: datetime) -> float | None:
     return None if at is None else round(max(0.0, (at - began).total_seconds()), 3)
 
@@ -143,7 +163,11 @@ def over(incident: Mapping[str, Any], store_pod: str, running: Sequence[PodView]
     trains (recovered_at), or, for a lost store that the group trained through, the new store is up
     (kept_training: the pod phases are then the new store pod's)."""
     began = parse_time(incident.get("startTime"))
-    at = recovered_at(began, running, progress, now, bool(incident.get("lostUnwatched")))
+    new_group = regrouped(incident, progress)
+    if new_group is not None:  # an in-place restart: over at the new group's first step, whatever the clocks say
+        at = group_times(progress)[2] if new_group else None
+    else:
+        at = recovered_at(began, running, progress, now, bool(incident.get("lostUnwatched")))
     if at is not None:
         return at, phases(began, workers, progress) if began is not None else {}
     if began is None or not store_only(incident, store_pod):

@@ -9,19 +9,19 @@ starts there) and, once counted, it is force-deleted and created again at its in
 pod, if its node is only cut off, runs on until its kubelet is back and learns the pod is gone; its trainers
 were already out of the group, and fencing keeps its checkpoint writes out (docs/checkpoints.md).
 
-A report names a pod, not a UID: it applies to the pod of that name whose container was running before the
-silence began (``silentSince``), never to a pod started since, such as the replacement of a pod deleted on
-purpose whose agent was killed at the end of its grace period and found silent seconds after that replacement
-was created. Start times have one-second resolution: a pod started in the second of the silence does not count.
-``silentSince`` is the reporting worker's clock; a worker clock ahead of the API server's by more than a pod's
-time from start to silence could still misapply a report (one needless replacement, counted as an incident).
+A report names the pod's UID (the agent's rendezvous node carries it, ddpjob_worker.peerreport) and applies to that
+pod only, never to a pod of the same name started since, such as the replacement of a pod deleted on purpose whose
+agent was killed at the end of its grace period and found silent seconds after that replacement was created. No
+time decides it: ``silentSince`` is the reporting worker's clock, and comparing it with a pod's start (another
+node's clock) let a reporter whose clock ran ahead force-delete each new replacement. A report without a UID (a
+runtime older than the operator) is not acted on: Kubernetes' NotReady path replaces that pod.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from ddpjob_operator.api.reasons import NODE_LOST
@@ -34,10 +34,12 @@ class Report:
     """One pod reported silent by its group."""
 
     since: datetime
-    """When its last beat was seen."""
+    """When its last beat was seen (the reporter's clock: the incident's start, never compared with a pod's)."""
     reported: datetime
     by: str
     """The pod whose agent removed it."""
+    uid: str = ""
+    """The silent pod's UID ("" from an older runtime: the report is then not acted on)."""
 
 
 def reports(progress: Mapping[str, Any] | None) -> dict[str, Report]:
@@ -51,16 +53,15 @@ def reports(progress: Mapping[str, Any] | None) -> dict[str, Report]:
         except (TypeError, ValueError, AttributeError):
             continue
         if since is not None and reported is not None:
-            out[str(pod)] = Report(since, reported, str(entry.get("by") or "a peer"))
+            out[str(pod)] = Report(since, reported, str(entry.get("by") or "a peer"), str(entry.get("uid") or ""))
     return out
 
 
 def applies(pod: PodView, report: Report | None) -> bool:
-    """Whether ``report`` is about this very pod: a live worker running (from at least a second) before the
-    silence began."""
-    if report is None or pod.started_at is None or pod.terminated or pod.deleting or pod.gone:
+    """Whether ``report`` is about this very pod (its UID), still a live worker."""
+    if report is None or not report.uid or pod.terminated or pod.deleting or pod.gone:
         return False
-    return pod.started_at + timedelta(seconds=1) <= report.since
+    return report.uid == pod.uid
 
 
 def loss(pod: PodView, report: Report | None, node_ready: Mapping[str, bool]) -> Loss | None:

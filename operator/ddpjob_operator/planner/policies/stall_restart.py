@@ -12,6 +12,10 @@ The pods are replaced instead (deleted gracefully and recreated: the old behavio
   outside the trainers (a node, a device, a mount) may hold them;
 - the agents did not answer the request (no new group within ANSWER_SECONDS, ``unanswered``): an old runtime, or
   an agent that hangs itself. The same incident then replaces the pods.
+
+Whether a new group formed is told by identity, not by time: the incident keeps the stalled group's name as rank 0
+wrote it (recovery_clock.group_id) and any other name is a new group. The request's time is the operator's clock and
+the group's the worker's; compared, a worker behind the operator looked unanswered and had every pod replaced.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from ddpjob_operator.api.reasons import STALLED
 from ddpjob_operator.planner.observation import PodView, parse_time, truncate
 from ddpjob_operator.planner.policies.failure import Loss
 from ddpjob_operator.planner.policies.incidents import RECOVERING
-from ddpjob_operator.planner.policies.recovery_clock import group_times
+from ddpjob_operator.planner.policies.recovery_clock import STALLED_GROUP, group_id, group_times, regrouped
 
 IN_PLACE = "InPlace"
 REPLACE_PODS = "ReplacePods"
@@ -50,6 +54,14 @@ def mode(recent: Sequence[Mapping[str, Any]], steps_visible: bool) -> str:
     if not steps_visible or (recent and is_in_place(recent[-1])):
         return REPLACE_PODS
     return IN_PLACE
+
+
+def mark(incident: dict[str, Any], how: str, progress: Mapping[str, Any]) -> None:
+    """Record on a stall's new incident how the group is restarted, and for an in-place restart which group stalled
+    (the one rank 0's record names now: nothing re-formed, it stalled)."""
+    incident["restart"] = how
+    if how == IN_PLACE:
+        incident[STALLED_GROUP] = group_id(progress)
 
 
 def loss_key(uid: str, incident_at: datetime) -> str:
@@ -92,7 +104,10 @@ def unanswered(incident: Mapping[str, Any] | None, progress: Mapping[str, Any], 
     due = answer_due(incident)
     if incident is None or due is None or incident.get("outcome") != RECOVERING or now < due:
         return False
-    began = parse_time(incident.get("startTime"))
+    new_group = regrouped(incident, progress)
+    if new_group is not None:
+        return not new_group
+    began = parse_time(incident.get("startTime"))  # an incident of an older operator: its time rule
     rdzv, _, _ = group_times(progress)
     return rdzv is None or began is None or rdzv < began
 
