@@ -11,9 +11,9 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from ddpjob_operator.api.formats import parse_time
 from ddpjob_operator.api.spec import RunPolicy
 from ddpjob_operator.planner import status as st
-from ddpjob_operator.planner.observation import parse_time
 
 #: A job's incident budget is nearly spent once this share of spec.runPolicy.backoffLimit is used.
 BUDGET_WARN_SHARE = 0.8

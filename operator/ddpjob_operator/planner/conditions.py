@@ -7,8 +7,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddpjob_operator.api import reasons
+from ddpjob_operator.api.formats import truncate
 from ddpjob_operator.planner import status as st
-from ddpjob_operator.planner.observation import PodView, truncate
+from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies import cannot_start, children, incidents, stall, unschedulable
 from ddpjob_operator.planner.policies.children import ChildKey, Problem
 

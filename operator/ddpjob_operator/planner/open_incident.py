@@ -5,9 +5,9 @@ policies/stall_restart.py)."""
 from __future__ import annotations
 
 from ddpjob_operator.api import names, reasons
+from ddpjob_operator.api.formats import truncate
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.children import builders
-from ddpjob_operator.planner.observation import truncate
 from ddpjob_operator.planner.pass_state import Pass
 from ddpjob_operator.planner.policies import incidents, stall_restart
 from ddpjob_operator.planner.policies import recovery_clock as recovery

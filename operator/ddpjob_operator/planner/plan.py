@@ -15,6 +15,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from ddpjob_operator.api import names, reasons
+from ddpjob_operator.api.formats import format_time, parse_time, truncate
 from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
 from ddpjob_operator.planner import open_incident
 from ddpjob_operator.planner import status as st
@@ -23,7 +24,7 @@ from ddpjob_operator.planner.conditions import FINISHED_TYPES, aux_conditions, f
 from ddpjob_operator.planner.kueue import admission
 from ddpjob_operator.planner.kueue import workload as kueue
 from ddpjob_operator.planner.kueue.admission import KueueInputs, WorkloadWrite
-from ddpjob_operator.planner.observation import PodView, format_time, parse_time, truncate
+from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.pass_state import Pass, begin
 from ddpjob_operator.planner.policies import (
     blocked,

@@ -14,7 +14,8 @@ from datetime import datetime
 from typing import Any
 
 from ddpjob_operator.api import reasons
-from ddpjob_operator.planner.observation import PodView, format_time
+from ddpjob_operator.api.formats import format_time
+from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies.recovery_clock import last_recovery_seconds
 
 # Condition types. A type that is also a reason (Created, Suspended) is that reason's word (api/reasons.py).

@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import kopf
 
+from ddpjob_operator.api.formats import truncate
 from ddpjob_operator.api.spec import QUEUE_LABEL, InvalidSpec, parse_ddpjob
 from ddpjob_operator.kube import podwatch
 from ddpjob_operator.kube.client import Kube, NamespaceTerminating, Rejected
@@ -24,7 +25,7 @@ from ddpjob_operator.metrics import registry as metrics
 from ddpjob_operator.planner import plan as planner
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.kueue import admission
-from ddpjob_operator.planner.observation import PodView, truncate
+from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies import pods as pod_rules
 from ddpjob_operator.planner.policies import status_writes
 from ddpjob_operator.planner.policies.rejected import Rejection

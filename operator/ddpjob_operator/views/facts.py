@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from ddpjob_operator.planner import observation
+from ddpjob_operator.api import formats
 from ddpjob_operator.planner import status as st
 
 Obj = Mapping[str, Any]
@@ -19,11 +19,11 @@ FINISHED = (st.SUCCEEDED, st.FAILED)
 
 
 def parse_time(value: object) -> datetime | None:
-    """observation.parse_time for whatever a status holds (workers write some of it): None if absent or garbled."""
+    """formats.parse_time for whatever a status holds (workers write some of it): None if absent or garbled."""
     if not isinstance(value, str):
         return None
     try:
-        parsed = observation.parse_time(value)
+        parsed = formats.parse_time(value)
     except ValueError:
         return None
     return parsed if parsed is None or parsed.tzinfo else parsed.replace(tzinfo=UTC)

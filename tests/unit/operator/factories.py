@@ -8,9 +8,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ddpjob_operator.api import names
+from ddpjob_operator.api.formats import format_time
 from ddpjob_operator.api.spec import parse_ddpjob
 from ddpjob_operator.planner.children import builders
-from ddpjob_operator.planner.observation import ChildView, PodView, format_time
+from ddpjob_operator.planner.observation import ChildView, PodView
 from ddpjob_operator.planner.plan import Observed, Plan, plan
 from ddpjob_worker.restart_request import RESTART_ANNOTATION
 

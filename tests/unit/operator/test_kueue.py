@@ -7,13 +7,13 @@ import dataclasses
 from typing import Any
 
 import pytest
+from ddpjob_operator.api.formats import format_time
 from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.kueue import admission, gate
 from ddpjob_operator.planner.kueue import workload as kueue
 from ddpjob_operator.planner.kueue.admission import KueueInputs
 from ddpjob_operator.planner.kueue.workload import Condition, WorkloadView
-from ddpjob_operator.planner.observation import format_time
 from ddpjob_operator.planner.plan import Plan, plan
 
 from .factories import FakeCluster, at, make_job

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from ddpjob_operator.planner.observation import MAX_MESSAGE, PodView, count, truncate
+from ddpjob_operator.api.formats import MAX_MESSAGE, count, truncate
+from ddpjob_operator.planner.observation import PodView
 
 
 def test_failed_worker_view() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from ddpjob_operator.api.formats import format_time
 from ddpjob_operator.planner import status as st
-from ddpjob_operator.planner.observation import format_time
 from ddpjob_operator.planner.plan import plan
 
 from .factories import FakeCluster, at, make_job, pod_obj, running_cluster

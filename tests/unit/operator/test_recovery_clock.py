@@ -8,9 +8,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from ddpjob_operator.api.formats import format_time
 from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
 from ddpjob_operator.metrics import registry as metrics
-from ddpjob_operator.planner.observation import PodView, format_time
+from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.plan import plan
 from ddpjob_operator.planner.policies import recovery_clock as recovery
 from prometheus_client import REGISTRY

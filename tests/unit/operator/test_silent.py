@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import datetime
 
 import pytest
+from ddpjob_operator.api.formats import format_time
 from ddpjob_operator.planner.children import builders
-from ddpjob_operator.planner.observation import PodView, format_time
+from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies import silent
 
 from .factories import T0, at, running_cluster

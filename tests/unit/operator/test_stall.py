@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from ddpjob_operator.planner.observation import PodView, format_time
+from ddpjob_operator.api.formats import format_time
+from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies import stall
 
 from .factories import at

@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from ddpjob_operator.api.formats import format_time
 from ddpjob_operator.planner import status as st
-from ddpjob_operator.planner.observation import PodView, format_time
+from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies import stall_restart
 from ddpjob_worker.restart_request import RESTART_ANNOTATION, Request, parse
 

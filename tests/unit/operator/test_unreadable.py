@@ -1,5 +1,5 @@
 """What workers write can never stop a pass (issue 43): status.progress times are read leniently
-(observation.parse_time), one that cannot be read is ignored and said once per job (policies/unreadable.py)."""
+(api/formats.parse_time), one that cannot be read is ignored and said once per job (policies/unreadable.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from ddpjob_operator.api.formats import format_time, parse_time
 from ddpjob_operator.metrics import jobstats
 from ddpjob_operator.planner import status as st
-from ddpjob_operator.planner.observation import format_time, parse_time
 from ddpjob_operator.planner.plan import plan
 from ddpjob_operator.planner.policies import unreadable
 

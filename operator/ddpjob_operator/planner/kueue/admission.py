@@ -11,13 +11,14 @@ from datetime import datetime
 from typing import Any
 
 from ddpjob_operator.api import names, reasons
+from ddpjob_operator.api.formats import parse_time, truncate
 from ddpjob_operator.api.spec import DDPJob
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.children import builders
 from ddpjob_operator.planner.kueue import gate as gating
 from ddpjob_operator.planner.kueue import workload as kueue
 from ddpjob_operator.planner.kueue.workload import Placement, WorkloadView
-from ddpjob_operator.planner.observation import ChildView, PodView, parse_time, truncate
+from ddpjob_operator.planner.observation import ChildView, PodView
 
 Obj = dict[str, Any]
 #: The Admitted condition of a queued job: its type is also its reason (api/reasons.py).

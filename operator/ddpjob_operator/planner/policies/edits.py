@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from ddpjob_operator.api import reasons
+from ddpjob_operator.api.formats import truncate
 from ddpjob_operator.api.spec import DDPJob, InvalidSpec, parse_ddpjob
 from ddpjob_operator.planner import status as st
-from ddpjob_operator.planner.observation import PodView, truncate
+from ddpjob_operator.planner.observation import PodView
 
 
 @dataclasses.dataclass(frozen=True)

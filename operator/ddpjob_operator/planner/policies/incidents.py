@@ -21,8 +21,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from ddpjob_operator.api.formats import format_time, parse_time, truncate
 from ddpjob_operator.api.reasons import NODE_LOST, STALLED
-from ddpjob_operator.planner.observation import format_time, parse_time, truncate
 from ddpjob_operator.planner.policies.failure import Loss, pick_cause
 
 #: Incidents kept in status.incidents (the total is status.incidentCount).

@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from ddpjob_operator.planner.observation import PodView, parse_time
+from ddpjob_operator.api.formats import parse_time
+from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies import silent
 
 #: Every phase, in the order a recovery without a spare goes through them (the metric's label values).

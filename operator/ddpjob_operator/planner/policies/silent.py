@@ -24,8 +24,9 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
+from ddpjob_operator.api.formats import parse_time
 from ddpjob_operator.api.reasons import NODE_LOST
-from ddpjob_operator.planner.observation import PodView, parse_time
+from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies.failure import Loss
 
 

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from ddpjob_operator.api.formats import format_time, parse_time
 from ddpjob_operator.api.reasons import (
     FINISHING,
     NO_PROGRESS_SINCE_START,
@@ -38,7 +39,7 @@ from ddpjob_operator.api.reasons import (
     STARTING_UP,
     STEPS_NOT_VISIBLE,
 )
-from ddpjob_operator.planner.observation import PodView, format_time, parse_time
+from ddpjob_operator.planner.observation import PodView
 
 # The Stalled condition's reasons (True: a Stall's; False: a Verdict's, what the operator is waiting for) are in
 # api/reasons.py.

@@ -26,8 +26,9 @@ from typing import Any
 
 from ddpjob_worker.restart_request import Request
 
+from ddpjob_operator.api.formats import parse_time, truncate
 from ddpjob_operator.api.reasons import STALLED
-from ddpjob_operator.planner.observation import PodView, parse_time, truncate
+from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies.failure import Loss
 from ddpjob_operator.planner.policies.incidents import RECOVERING
 from ddpjob_operator.planner.policies.recovery_clock import STALLED_GROUP, group_id, group_times, regrouped

@@ -1,6 +1,6 @@
 """Times in ``status.progress`` the operator cannot read. Rank 0 writes them (any worker may), and the API server's
 ``format: date-time`` lets through values no clock reads (an offset of 24 hours or more: ``...T00:00:00+99:00``): such a
-value is ignored like an absent one (observation.parse_time reads every other form leniently and never fails), and
+value is ignored like an absent one (api/formats.parse_time reads every other form leniently and never fails), and
 said once per job, by an Event and a log line, not on every pass."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ddpjob_operator.planner.observation import parse_time, truncate
+from ddpjob_operator.api.formats import parse_time, truncate
 
 #: The date-times of status.progress (the CRD's ``format: date-time`` fields), by their path under it.
 TIMES = ("lastStepTime", "updateTime", "finishTime", "lastCheckpoint.time", "start.rendezvousTime",
