@@ -121,6 +121,27 @@ def _contract_env(job: DDPJob, index: int, worker: Obj, grace: int) -> dict[str,
     ).to_env()
 
 
+def _wire_worker(job: DDPJob, index: int, worker: Obj, grace: int) -> None:
+    """The worker container's env contract, termination message and mounts (checkpoint, restart request, store)."""
+    env = _contract_env(job, index, worker, grace)
+    worker.setdefault("name", WORKER_CONTAINER)
+    # No clash with the user's variables: spec.py refuses a template that sets one the contract sets.
+    worker["env"] = [*(worker.get("env") or []), *({"name": k, "value": v} for k, v in env.items()),
+                     {"name": restart_request.DDPJOB_RESTART_REQUEST_FILE, "value": restart_request.REQUEST_FILE},
+                     copy.deepcopy(POD_UID_ENV), *storage.storage_env(job)]
+    _, store_mounts = storage.storage_volumes(job)
+    # The planner copies this message into the Failed condition; logs are the fallback when the program
+    # wrote no /dev/termination-log.
+    worker.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
+    mounts = [m for m in worker.get("volumeMounts") or [] if m.get("name") != CHECKPOINT_VOLUME]
+    worker["volumeMounts"] = [
+        *mounts,
+        {"name": CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.mount_path},
+        {"name": restart_request.RESTART_VOLUME, "mountPath": restart_request.RESTART_MOUNT_PATH, "readOnly": True},
+        *store_mounts,
+    ]
+
+
 def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: int = 0) -> Obj:
     """Worker pod ``<job>-worker-<index>`` from the template, with env contract, volume and DNS identity."""
     template = copy.deepcopy(job.spec.template)
@@ -139,23 +160,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
     containers: list[Obj] = pod_spec.get("containers") or []
     wi = worker_container_index(containers)
     worker = containers[wi]
-    env = _contract_env(job, index, worker, grace)
-    worker.setdefault("name", WORKER_CONTAINER)
-    # No clash with the user's variables: spec.py refuses a template that sets one the contract sets.
-    worker["env"] = [*(worker.get("env") or []), *({"name": k, "value": v} for k, v in env.items()),
-                     {"name": restart_request.DDPJOB_RESTART_REQUEST_FILE, "value": restart_request.REQUEST_FILE},
-                     copy.deepcopy(POD_UID_ENV), *storage.storage_env(job)]
-    store_volumes, store_mounts = storage.storage_volumes(job)
-    # The planner copies this message into the Failed condition; logs are the fallback when the program
-    # wrote no /dev/termination-log.
-    worker.setdefault("terminationMessagePolicy", "FallbackToLogsOnError")
-    mounts = [m for m in worker.get("volumeMounts") or [] if m.get("name") != CHECKPOINT_VOLUME]
-    worker["volumeMounts"] = [
-        *mounts,
-        {"name": CHECKPOINT_VOLUME, "mountPath": job.spec.checkpoint.mount_path},
-        {"name": restart_request.RESTART_VOLUME, "mountPath": restart_request.RESTART_MOUNT_PATH, "readOnly": True},
-        *store_mounts,
-    ]
+    _wire_worker(job, index, worker, grace)
     claim = claim_name(job)
     volume: Obj = (
         {"name": CHECKPOINT_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
@@ -163,6 +168,7 @@ def build_worker_pod(job: DDPJob, index: int, generation: int = 0, incidents: in
         else {"name": CHECKPOINT_VOLUME, "emptyDir": {}}
     )
     volumes = pod_spec.get("volumes") or []  # spec.py refuses a template volume named like ours
+    store_volumes, _ = storage.storage_volumes(job)
     pod_spec.update(
         containers=containers,
         volumes=[*volumes, volume, RESTART_REQUEST_VOLUME, *store_volumes],
