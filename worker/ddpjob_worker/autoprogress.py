@@ -47,11 +47,21 @@ class StepCounter:
         self.last: float | None = None
         self.stepped = threading.Event()
         self._clock = clock
+        # id(optimizer) -> id(optimizer.state) when last read. load_state_dict replaces the state object, so a
+        # changed id means a load since: torch.distributed.checkpoint's get_state_dict initialises an empty
+        # optimizer with a step of its own (lr 0, zero grads) *before* the script loads its checkpoint into it,
+        # and a count read only at the first step stayed at 1 after every DCP resume. Ids, not references: a
+        # reference would keep a replaced state (GBs of moments) alive.
+        self._states: dict[int, int] = {}
 
     def __call__(self, optimizer: Any = None, *_hook_args: Any) -> None:
         now = self._clock()
-        if self.first is None and optimizer is not None:
-            self.steps = resumed_step(optimizer)
+        if optimizer is not None:
+            state_id = id(getattr(optimizer, "state", None))
+            seen = self._states.get(id(optimizer))
+            if self.first is None or (seen is not None and seen != state_id):
+                self.steps = resumed_step(optimizer)
+            self._states[id(optimizer)] = state_id
         self.steps += 1
         self.last = now
         if self.first is None:

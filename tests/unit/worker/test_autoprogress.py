@@ -189,6 +189,51 @@ def test_after_a_resume_the_count_goes_on_from_the_optimizers_own_step() -> None
     assert counter.steps == 102
 
 
+def test_a_checkpoint_loaded_after_dcps_initialising_step_is_read_at_the_next_step() -> None:
+    """torch.distributed.checkpoint's get_state_dict steps an empty optimizer once (lr 0) to create its state, before
+    the script's dcp.load puts the checkpoint's state in: the count must follow the loaded step, not stay at 1."""
+    torch = pytest.importorskip("torch")
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model = torch.nn.Linear(2, 1)
+    first = torch.optim.Adam(model.parameters())
+    for _ in range(60):
+        model(torch.ones(1, 2)).sum().backward()
+        first.step()
+    _, saved = get_state_dict(model, first)
+    counter = autoprogress.StepCounter()
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    hook = register_optimizer_step_post_hook(counter)
+    try:
+        model.zero_grad(set_to_none=True)  # a fresh process: no gradients yet (torch skips its step otherwise)
+        resumed = torch.optim.Adam(model.parameters())
+        get_state_dict(model, resumed)  # the initialising step: counted as this process's first
+        assert counter.steps == 1
+        set_state_dict(model, resumed, model_state_dict=model.state_dict(), optim_state_dict=saved)
+        model(torch.ones(1, 2)).sum().backward()
+        resumed.step()
+        assert counter.steps == 61
+        resumed.step()
+        assert counter.steps == 62
+    finally:
+        hook.remove()
+
+
+def test_two_optimizers_each_count_their_steps() -> None:
+    """A GAN-style script with two optimizers: each step() counts once; neither resets the other's count."""
+    torch = pytest.importorskip("torch")
+    a, b = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    oa, ob = torch.optim.Adam(a.parameters()), torch.optim.Adam(b.parameters())
+    counter = autoprogress.StepCounter()
+    for _ in range(3):
+        for model, opt in ((a, oa), (b, ob)):
+            model(torch.ones(1, 2)).sum().backward()
+            opt.step()
+            counter(opt, (), {})
+    assert counter.steps == 6
+
+
 def test_an_optimizer_without_a_step_count_counts_from_this_process() -> None:
     torch = pytest.importorskip("torch")
     model = torch.nn.Linear(2, 1)
