@@ -95,9 +95,10 @@ FRAMEWORKS = {f.name: f for f in (
 NOT_YET_BITWISE = {
     "lightning": "2026-11-29, two runs: after a kill -9 (the group re-formed with the hot spare) it ended bitwise "
                  "equal; after a kill -9 and two pod deletions, every rank resuming from the same epoch-end "
-                 "checkpoint each time, it ended different. A lead, not a finding: Lightning 2.6 answers SIGTERM "
-                 "(a deleted pod's trainer gets it while its peers still train) with a dist.broadcast inside the "
-                 "signal handler, and its SIGTERMException exits 0.",
+                 "checkpoint each time, it ended different. The same script under plain torchrun with one shared "
+                 "folder, its rank 0 sent SIGTERM or SIGKILL at steps 30, 45 and 50 and resumed, ends bitwise "
+                 "equal, so the difference comes with pods: suspects are a deleted pod's trainer still writing "
+                 "last.ckpt (rewritten in place) in its grace period, and that version reaching the others.",
 }
 #: The workers on different nodes of the run's lane (one per node, a spare on the third).
 SPREAD = {"topologySpreadConstraints": [{
