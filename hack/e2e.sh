@@ -11,7 +11,8 @@
 #      imported into it, the Helm-installed operator, DDP training with kill -9 and pod deletions.
 # A dockerd that step 1 started is stopped at the end, so a CI run leaves no process behind; one that was
 # already running (`make images` earlier, or the machine's own) is left alone.
-# Environment: PY (default .venv/bin/python), E2E_ARGS (extra pytest arguments for tests/e2e), DDPJOB_CACHE,
+# Environment: PY (default .venv/bin/python), E2E_ARGS (extra pytest arguments for tests/e2e), E2E_MARK (the marker
+# expression, default "e2e and not extended": `make e2e-extended` sets "e2e and extended"), DDPJOB_CACHE,
 # TMPDIR (where the real node's state goes), DDPJOB_E2E_NEED_GB (free space required there, default 20).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -42,4 +43,5 @@ check_disk
 # Both suites start their own clusters; a KUBECONFIG from the caller's shell must not redirect them.
 bash hack/timed.sh tests/images env -u KUBECONFIG "$PY" -m pytest tests/images -m e2e -q
 # shellcheck disable=SC2086  # E2E_ARGS is a list of pytest arguments
-bash hack/timed.sh tests/e2e env -u KUBECONFIG "$PY" -m pytest tests/e2e -m e2e --durations=0 ${E2E_ARGS:-}
+bash hack/timed.sh tests/e2e env -u KUBECONFIG "$PY" -m pytest tests/e2e -m "${E2E_MARK:-e2e and not extended}" \
+  --durations=0 ${E2E_ARGS:-}

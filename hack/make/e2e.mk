@@ -5,6 +5,10 @@ E2E_ARGS ?=
 e2e: venv tools node-tools ## Build the images, then tests/images and tests/e2e on a local real node (root)
 	PY=$(PY) E2E_ARGS="$(E2E_ARGS)" bash hack/e2e.sh
 
+.PHONY: e2e-extended
+e2e-extended: venv tools node-tools ## The e2e runs left out of `make e2e`: users' frameworks and the object store (root)
+	PY=$(PY) E2E_ARGS="$(E2E_ARGS)" E2E_MARK="e2e and extended" bash hack/e2e.sh
+
 # kind recipe (a laptop with Docker), same suite against the current KUBECONFIG:
 #   make images && kind create cluster
 #   kind load docker-image ddpjob-operator:0.1.0 ddpjob-worker:dev ddpjob-runtime:0.1.0   # images-e2e: + ddpjob-plain
