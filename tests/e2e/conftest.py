@@ -175,3 +175,9 @@ def _object_store_server() -> Iterator[None]:
     from tests.e2e import objectstores
 
     objectstores.stop()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here, not in pyproject.toml (which the images copy: a change there rebuilds them all).
+    config.addinivalue_line("markers", "extended: an e2e run beyond the default tier (users' frameworks, the object "
+                            "store): `make e2e-extended` runs them, `make e2e` and CI leave them out")
