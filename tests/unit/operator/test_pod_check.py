@@ -6,7 +6,6 @@ PriorityClass) is CreateRefused with its real cause; no pod is created either wa
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from typing import Any
 
@@ -17,10 +16,9 @@ from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.plan import Observed, plan
 from ddpjob_operator.planner.policies import pod_verdicts
 from ddpjob_operator.planner.policies.pod_verdicts import Verdict, explain
-from ddpjob_operator.runtime import controller as ctl
 
 from .factories import at, make_job, running_cluster
-from .test_controller import FakeKube, events  # noqa: F401 - the fixture
+from .test_controller import FakeKube, events, run_passes  # noqa: F401 - the fixture
 
 STRICT = 'Pod in version "v1" cannot be handled as a Pod: strict decoding error: unknown field "{}"'
 NO_PRIORITY = 'pods "job-rdzv" is forbidden: no PriorityClass with name no-such-priority-class was found'
@@ -99,23 +97,10 @@ class DryRunKube(FakeKube):
         return Created(obj=copy.deepcopy(obj))
 
 
-def run(kube: FakeKube, job: dict[str, Any], passes: int) -> ctl.Controller:
-    async def scenario() -> ctl.Controller:
-        c = ctl.Controller()
-        c.kube = kube  # type: ignore[assignment]
-        c.job_seen(None, job)
-        for _ in range(passes):
-            await c.reconcile(("ns", "job"))
-        c.queue.close()
-        return c
-
-    return asyncio.run(scenario())
-
-
 def test_a_typo_in_the_template_fails_the_job_before_any_pod(events: list[tuple[str, str]]) -> None:  # noqa: F811
     job = typo_job()
     kube = DryRunKube(job, invalid=STRICT.format("spec.containers[0].resource"))
-    run(kube, job, passes=2)
+    run_passes(job, kube, passes=2)
     assert not any(call.startswith("create Pod") for call in kube.calls), kube.calls
     assert kube.calls.count("dry-run Pod job-worker-0") == 1, "once: the verdict is kept for the spec"
     failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
@@ -127,21 +112,21 @@ def test_a_missing_priority_class_holds_every_pod_and_says_so(events: list[tuple
     job = make_job(replicas=2).obj()
     job["spec"]["template"]["spec"]["priorityClassName"] = "no-such-priority-class"
     kube = DryRunKube(job, refused=NO_PRIORITY)
-    c = run(kube, job, passes=2)
+    c = run_passes(job, kube, passes=2)
     assert not any(call.startswith("create Pod") for call in kube.calls), kube.calls
     refused = next(x for x in job["status"]["conditions"] if x["type"] == "CreateRefused")
     assert (refused["status"], refused["reason"]) == ("True", "PriorityClassNotFound")
     assert "create that PriorityClass" in refused["message"] and "RBAC" not in refused["message"]
     assert not st.condition_true(job["status"], st.FAILED) and c.jobs[("ns", "job")].refusals == 2
     kube.refused_with = ""  # someone created the PriorityClass: the next pass creates the pods
-    run(kube, job, passes=1)
+    run_passes(job, kube, passes=1)
     assert sum(call.startswith("create Pod") for call in kube.calls) == 3
 
 
 def test_an_accepted_spec_is_dry_run_once(events: list[tuple[str, str]]) -> None:  # noqa: F811
     job = make_job(replicas=2).obj()
     kube = DryRunKube(job)
-    run(kube, job, passes=3)
+    run_passes(job, kube, passes=3)
     assert [c for c in kube.calls if c.startswith("dry-run")] == ["dry-run Pod job-rdzv", "dry-run Pod job-worker-0"]
     assert sum(c.startswith("create Pod") for c in kube.calls) == 3
 
