@@ -55,7 +55,7 @@ def real_node_selector(cluster: Cluster) -> dict[str, str]:
 
 
 @pytest.fixture(scope="session")
-def env(cluster: Cluster) -> Iterator[Any]:
+def env(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Any]:
     """Images on the node (local real node only), the operator installed with Helm and Ready: shared by every
     training module (one install, one reference run)."""
     from tests.e2e import training as t
@@ -64,7 +64,10 @@ def env(cluster: Cluster) -> Iterator[Any]:
     given = os.environ.get("KUBECONFIG")
     cluster_dir = Path(cluster.kubeconfig).resolve().parent
     local_node = (cluster_dir / "node" / "state.json").exists()
-    images = [*t.NODE_IMAGES, t.PLAIN_IMAGE, t.FRAMEWORKS_IMAGE]
+    images = [*t.NODE_IMAGES, t.PLAIN_IMAGE]
+    # The frameworks image (5.9 GB) only where a selected run uses it: `make e2e` has none (marker `extended`).
+    if any(item.get_closest_marker("extended") for item in request.session.items):
+        images.append(t.FRAMEWORKS_IMAGE)
     if given and Path(given).resolve() == Path(cluster.kubeconfig).resolve() and not os.environ.get(
             "DDPJOB_E2E_IMPORT"):
         t.log(f"KUBECONFIG={given} was given: not importing images; the cluster must already have {images} "

@@ -85,7 +85,7 @@ def _preempt(env: Env, ns: str, created: float) -> dict[str, Any]:
              state=lambda: t.describe_job(cluster, ns, JOB))
     released_at = time.time()
     queued = t.job_status(cluster, ns, JOB)
-    t.wait_job_state(cluster, ns, HIGH, "Succeeded", timeout=300)
+    t.wait_job_state(cluster, ns, HIGH, "Succeeded", timeout=600)  # a whole run of its own, on a busy machine
     wait_for(lambda: _admitted(_workload(cluster, ns, JOB)), timeout=120, interval=0.5,
              describe="the low job admitted again")
     readmitted = time.time()

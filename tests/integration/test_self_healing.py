@@ -128,7 +128,12 @@ def test_pod_deleted_while_the_watches_are_down_is_replaced_within_the_resync_pe
              state=lambda: jobs.describe("missed") + "\n" + operator.tail(30))
     print(f"API server down {down:.1f}s; pod replaced {time.monotonic() - t0:.1f}s after the operator resumed "
           f"(resync period {operator.resync_seconds:.0f}s)")
-    status = jobs.get("missed")["status"]
+    # The pass creates the pod, then writes its status: read it after that write, not between the two.
+    def counted() -> dict[str, Any] | None:
+        status: dict[str, Any] = jobs.get("missed")["status"]
+        return status if status.get("incidentCount") else None
+
+    status = wait_for(counted, timeout=10, describe="the status counting the loss", state=lambda: operator.tail(30))
     assert status["incidentCount"] == 1 and status["incidents"][0]["cause"] == "PodDeleted", status.get("incidents")
     assert _uid(cluster, namespace, "pod", "missed-worker-0") == old["missed-worker-0"], "the survivor stays"
 

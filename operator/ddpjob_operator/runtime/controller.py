@@ -22,9 +22,9 @@ from ddpjob_operator.kube import podwatch
 from ddpjob_operator.kube.client import Kube, NamespaceTerminating, Rejected
 from ddpjob_operator.kube.identity import WorkerIdentity
 from ddpjob_operator.metrics import registry as metrics
+from ddpjob_operator.metrics import transitions
 from ddpjob_operator.planner import plan as planner
 from ddpjob_operator.planner import status as st
-from ddpjob_operator.planner.kueue import admission
 from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies import pods as pod_rules
 from ddpjob_operator.planner.policies import status_writes
@@ -44,25 +44,6 @@ log = logging.getLogger("ddpjob.controller")
 #: the 500th of 500 new jobs for 30 s while the API server had room for more (bench/operator_scale.py, 2026-11-25:
 #: it served 400 requests/s to a bare client and 230/s to the operator). kube.MAX_IN_FLIGHT still caps the requests.
 WORKERS = 64
-
-
-def _first_start(old: Mapping[str, Any]) -> bool:
-    """True until the job has run once: never Running, Restarting or Suspended before."""
-    seen = (st.RUNNING, st.RESTARTING, st.SUSPENDED)
-    return (
-        old.get("state") in (None, st.CREATED)
-        and all(st.get_condition(old, c) is None or (c == st.RUNNING and not st.condition_true(old, c)) for c in seen)
-        and not old.get("restarts")
-    )
-
-
-def _observe_kueue(old: Mapping[str, Any], new: Mapping[str, Any], now: datetime) -> None:
-    """Kueue's metrics: time waited in the queue, evictions."""
-    waited, evicted = admission.transitions(old, new, now)
-    if waited is not None:
-        metrics.KUEUE_QUEUED.observe(max(0.0, waited))
-    if evicted is not None:
-        metrics.KUEUE_PREEMPTIONS.labels(reason=evicted).inc()
 
 
 def _rv(body: Mapping[str, Any]) -> str:
@@ -257,17 +238,19 @@ class Controller:
         mem.unreadable_said.update(plan.unreadable)
         mem.routine_since = (mem.routine_since or now) if plan.status_held else None
         if plan.patch:
-            written = await status_write.write(self.kube, key, _rv(body), plan.patch)
-            fresh = written.body
+            seen = dataclasses.replace(observed, problems=dict(mem.problems), refused_pods=dict(mem.pods_refused),
+                                       accepted_pods=frozenset(mem.pods_accepted))
+            written = await status_write.write(self.kube, key, _rv(body), plan,
+                                               lambda fresh: planner.plan(fresh, seen, now))
+            plan, fresh = written.plan, written.body
             if fresh and not _older(_rv(fresh), mem.resource_version):
                 self._events += 1
                 mem.take(_kept(fresh), _rv(fresh), self._events)
-            if written.conflict:  # nothing of this plan is said or counted: the next pass plans from `fresh`
+            if written.conflict or written.replanned:  # the next pass carries out what the newer body changed
                 self.queue.add(key)
+            if written.conflict:  # nothing of the refused plans is said or counted
                 return
-            if plan.status.get("state") == st.RUNNING and _first_start(body.get("status") or {}):
-                self._observe_time_to_running(body, now)
-            _observe_kueue(body.get("status") or {}, plan.status, now)
+            transitions.observe_written(body, plan.status, now)
         mem.restarts_floor = max(mem.restarts_floor, int(plan.status.get("restarts") or 0))
         mem.incidents_floor = max(mem.incidents_floor, int(plan.status.get("incidentCount") or 0))
         for event in plan.events:
@@ -382,12 +365,6 @@ class Controller:
             if p.node_name and p.deletion_requested and now - p.deletion_requested >= threshold
         } | pod_rules.silent_nodes(pods, body.get("status") or {})
         return {n: await self.kube.node_ready(n) for n in nodes}
-
-    def _observe_time_to_running(self, body: Mapping[str, Any], now: datetime) -> None:
-        created = (body.get("metadata") or {}).get("creationTimestamp")
-        if created:
-            start = datetime.fromisoformat(str(created).replace("Z", "+00:00"))
-            metrics.TIME_TO_ALL_RUNNING.observe(max(0.0, (now - start).total_seconds()))
 
     def _set_state(self, key: Key, state: str | None) -> None:
         """Keep the jobs-by-state gauge current in O(1) per pass."""

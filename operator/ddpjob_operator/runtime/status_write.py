@@ -1,40 +1,66 @@
 """The pass's one status write, conditional on the body the pass planned from (kube.Kube.patch_status).
 
-When another write came first (a worker's progress report, an edit of the job, another operator replica after this
-one lost the Lease), the API server refuses it with 409. The pass then does not retry its plan, which was made
-from what it can no longer see: it reads the job again, and the next pass plans from that. Nothing of the refused
-plan is said (Events) or counted (the controller's floors), so a loss it counted is counted once, by the plan that
-is written."""
+When another write came first (a worker's progress report, an edit of the job, kopf's own bookkeeping, another
+operator replica after this one lost the Lease), the API server refuses it with 409. The pass has already acted
+(a lost pod replaced, say), so dropping its plan would lose what it saw: the next pass finds the replacement and
+counts no loss. So the pass plans again from the job as it is now, with what it observed and did, and writes that,
+conditional on the new resourceVersion; the next pass carries out whatever the newer body changed. A stale leader
+never gets this far: leadership is asked right before each write (kube.leader). After MAX_TRIES refusals in a row
+it gives up, reads the job again and leaves it to the next pass; nothing of the refused plans is then said (Events)
+or counted (the controller's floors)."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ddpjob_operator.api.spec import API_VERSION, KIND
 from ddpjob_operator.kube.client import Kube, StatusConflict
+from ddpjob_operator.planner.plan import Plan
 
 log = logging.getLogger("ddpjob.controller")
 
 Obj = dict[str, Any]
 
+#: Writes one pass tries (the first plan's and re-plans'): each refusal means another writer wrote in between.
+MAX_TRIES = 3
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Written:
-    """What the write came to: the job as it is now ({} when it is gone) and whether the write was refused."""
+    """What the write came to: the job as it is now ({} when it is gone), the plan whose patch was written (a re-plan
+    after a refusal), whether it was re-planned, and whether every try was refused."""
 
     body: Obj
+    plan: Plan
+    replanned: bool = False
     conflict: bool = False
 
 
-async def write(kube: Kube, key: tuple[str, str], planned_from: str, patch: Mapping[str, Any]) -> Written:
-    """Write ``patch`` if the job is still at resourceVersion ``planned_from``; otherwise read it again."""
-    try:
-        return Written(await kube.patch_status(key[0], key[1], patch, planned_from))
-    except StatusConflict:
-        log.warning("job=%s/%s status not written: the job changed since this pass read it (resourceVersion %s; "
-                    "another writer came first: a worker's progress, an edit, or another operator replica): "
-                    "reading it again to plan anew", *key, planned_from)
-        return Written(await kube.get(API_VERSION, KIND, key[0], key[1]) or {}, conflict=True)
+def _rv(body: Mapping[str, Any]) -> str:
+    return str((body.get("metadata") or {}).get("resourceVersion") or "")
+
+
+async def write(kube: Kube, key: tuple[str, str], planned_from: str, plan: Plan,
+                replan: Callable[[Obj], Plan]) -> Written:
+    """Write ``plan``'s patch if the job is still at resourceVersion ``planned_from``; on a refusal plan again
+    from the job as it is now (``replan``) and write that, up to MAX_TRIES writes."""
+    for attempt in range(1, MAX_TRIES + 1):
+        try:
+            return Written(await kube.patch_status(key[0], key[1], plan.patch, planned_from), plan,
+                           replanned=attempt > 1)
+        except StatusConflict:
+            fresh = await kube.get(API_VERSION, KIND, key[0], key[1]) or {}
+        if not fresh or attempt == MAX_TRIES:
+            log.warning("job=%s/%s status not written: the job changed under each of %d writes (resourceVersion %s): "
+                        "reading it again to plan anew", *key, attempt, planned_from)
+            return Written(fresh, plan, conflict=True)
+        log.info("job=%s/%s status write refused: the job changed since this pass read it (resourceVersion %s, now "
+                 "%s; a worker's progress, an edit, or another writer): planning again from it with what this pass "
+                 "saw and did", *key, planned_from, _rv(fresh))
+        plan, planned_from = replan(fresh), _rv(fresh)
+        if not plan.patch:
+            return Written(fresh, plan, replanned=True)
+    raise AssertionError("unreachable")  # the loop returns on its last try
