@@ -31,6 +31,10 @@ manifests: venv tools chart-crd ## Render manifests/install.yaml from the chart 
 	@mv manifests/install.yaml.tmp manifests/install.yaml
 	@echo "rendered manifests/install.yaml"
 
+.PHONY: dist
+dist: venv tools chart-crd ## Build dist/: the ddpjob wheel (kubectl-ddpjob included) and the chart archive (helm package)
+	@PY=$(PY) HELM="$(HELM)" DIST=$(or $(DIST),dist) bash hack/dist.sh
+
 .PHONY: chart-lint
 chart-lint: venv tools ## helm lint --strict the chart, with defaults and with watchNamespaces set
 	@$(HELM) lint --strict $(CHART)

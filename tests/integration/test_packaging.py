@@ -85,7 +85,7 @@ def crd_established(cluster: Cluster) -> bool:
 
 
 def can(cluster: Cluster, sa: str, verb: str, resource: str, *scope: str) -> bool:
-    """`kubectl auth can-i` as the operator's ServiceAccount (exit 0: yes, 1: no). `pods/exec` means the
+    """`kubectl auth can-i` as ``sa`` (a ServiceAccount or a user; exit 0: yes, 1: no). `pods/exec` means the
     subresource (kubectl itself would read it as a pod named "exec")."""
     resource, _, sub = resource.partition("/")
     subresource = [f"--subresource={sub}"] if sub else []
@@ -188,6 +188,37 @@ def test_rbac_cluster_wide_is_least_privilege(cluster: Cluster, release: str, ot
     wrong = [f"allowed? {v} {r} {s}" for v, r, s in allowed if not can(cluster, sa, v, r, *s)]
     wrong += [f"denied? {v} {r} {s}" for v, r, s in denied if can(cluster, sa, v, r, *s)]
     assert not wrong, "RBAC differs from least privilege:\n" + "\n".join(wrong)
+
+
+def test_users_bound_to_edit_manage_ddpjobs_and_to_view_only_read_them(
+        cluster: Cluster, release: str, other_namespace: str) -> None:
+    """The chart's user roles (templates/userroles.yaml) aggregate into the built-in ClusterRoles: a user bound to
+    `edit` in one namespace creates and manages DDPJobs there, one bound to `view` reads them (what `kubectl ddpjob
+    describe` reads), and neither reaches another namespace."""
+    for user, role in (("alice", "edit"), ("bob", "view")):
+        cluster.kubectl("create", "rolebinding", f"{user}-{role}", f"--clusterrole={role}", f"--user={user}",
+                        "-n", other_namespace)
+    here, there = ["-n", other_namespace], ["-n", release]
+    expected = [
+        ("alice", "create", "ddpjobs.ddpjob.io", here, True), ("alice", "delete", "ddpjobs.ddpjob.io", here, True),
+        ("alice", "patch", "ddpjobs.ddpjob.io", here, True), ("alice", "patch", "ddpjobs.ddpjob.io/scale", here, True),
+        ("alice", "get", "ddpjobs.ddpjob.io/status", here, True),
+        ("alice", "patch", "ddpjobs.ddpjob.io/status", here, False),  # the operator's to write
+        ("alice", "create", "ddpjobs.ddpjob.io", there, False),
+        ("bob", "get", "ddpjobs.ddpjob.io", here, True), ("bob", "list", "ddpjobs.ddpjob.io", here, True),
+        ("bob", "watch", "ddpjobs.ddpjob.io", here, True), ("bob", "get", "ddpjobs.ddpjob.io/status", here, True),
+        ("bob", "list", "events", here, True), ("bob", "get", "pods", here, True),
+        ("bob", "create", "ddpjobs.ddpjob.io", here, False), ("bob", "delete", "ddpjobs.ddpjob.io", here, False),
+        ("bob", "patch", "ddpjobs.ddpjob.io/scale", here, False), ("bob", "get", "ddpjobs.ddpjob.io", there, False),
+    ]
+
+    def wrong() -> list[str]:
+        return [f"{user} {verb} {res} {scope}: expected {'yes' if ok else 'no'}"
+                for user, verb, res, scope, ok in expected if can(cluster, user, verb, res, *scope) != ok]
+
+    # The aggregation controller (kube-controller-manager) folds the chart's rules into edit/view within seconds.
+    wait_for(lambda: not wrong(), timeout=30, interval=1, describe="the user roles aggregated",
+             state=lambda: "\n".join(wrong()))
 
 
 def test_operator_can_create_the_workers_identity(cluster: Cluster, release: str, other_namespace: str) -> None:

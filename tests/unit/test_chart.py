@@ -78,7 +78,8 @@ def container(objs: list[Obj]) -> Obj:
 def test_default_render_has_the_expected_objects(render: Render) -> None:
     objs = render()
     kinds = sorted(o["kind"] for o in objs)
-    assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRoleBinding",
+    assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole",
+                            "ClusterRoleBinding",
                             "ClusterRoleBinding", "Service", "Deployment", "Role", "RoleBinding",
                             "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])
     for o in objs:
@@ -130,9 +131,37 @@ def test_security_context_is_locked_down(render: Render) -> None:
     assert pod["volumes"][0]["name"] == "tmp" and "emptyDir" in pod["volumes"][0]
 
 
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+
+
+def operator_cluster_roles(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ClusterRoles the operator is bound to: not the users' (aggregated into edit/admin/view)."""
+    return [r for r in by_kind(objs, "ClusterRole")
+            if not any(k.startswith(AGGREGATE) for k in r["metadata"]["labels"])]
+
+
+def test_user_roles_aggregate_into_edit_admin_and_view_and_grant_only_ddpjobs(render: Render) -> None:
+    """Issue 44 #4: a user bound to `edit`/`admin` manages DDPJobs, one bound to `view` reads them; the status is
+    the operator's to write (tests/integration/test_packaging.py asks the API server the same)."""
+    roles = {r["metadata"]["name"]: r for r in by_kind(render(), "ClusterRole")
+             if any(k.startswith(AGGREGATE) for k in r["metadata"]["labels"])}
+    edit, view = roles.pop("ddpjob-system-ddpjob-operator-edit"), roles.pop("ddpjob-system-ddpjob-operator-view")
+    assert roles == {}
+    assert {k for k in edit["metadata"]["labels"] if k.startswith(AGGREGATE)} == {f"{AGGREGATE}admin",
+                                                                                   f"{AGGREGATE}edit"}
+    assert {k for k in view["metadata"]["labels"] if k.startswith(AGGREGATE)} == {f"{AGGREGATE}view"}
+    assert rules_of(edit) == {("ddpjob.io", "ddpjobs"): {"create", "delete", "deletecollection", "get", "list",
+                                                         "patch", "update", "watch"},
+                              ("ddpjob.io", "ddpjobs/scale"): {"get", "patch", "update"},
+                              ("ddpjob.io", "ddpjobs/status"): {"get"}}
+    assert rules_of(view) == {("ddpjob.io", r): {"get", "list", "watch"}
+                              for r in ("ddpjobs", "ddpjobs/status", "ddpjobs/scale")}
+    assert by_kind(render("rbac.userRoles=false"), "ClusterRole") == operator_cluster_roles(render())
+
+
 def test_cluster_wide_rbac_is_exactly_what_the_operator_needs(render: Render) -> None:
     objs = render()
-    roles = {r["metadata"]["name"]: rules_of(r) for r in by_kind(objs, "ClusterRole")}
+    roles = {r["metadata"]["name"]: rules_of(r) for r in operator_cluster_roles(objs)}
     main = roles.pop("ddpjob-system-ddpjob-operator")
     assert main == {**NAMESPACED_RULES, ("", "namespaces"): {"list", "watch"}}
     assert roles == {"ddpjob-system-ddpjob-operator-cluster-read": CLUSTER_READ_RULES}
@@ -154,11 +183,11 @@ def test_watch_namespaces_uses_roles_and_namespace_flags(render: Render) -> None
     for b in bindings:
         assert b["subjects"][0]["namespace"] == "ddpjob-system"
     # No cluster-wide grant on any namespaced resource: only the read-only CRD/node role remains.
-    assert [rules_of(r) for r in by_kind(objs, "ClusterRole")] == [CLUSTER_READ_RULES]
+    assert [rules_of(r) for r in operator_cluster_roles(objs)] == [CLUSTER_READ_RULES]
     assert container(objs)["args"][-2:] == ["--namespace=team-a", "--namespace=team-b"]
 
     bare = render("watchNamespaces={team-a}", "rbac.crdRead=false", "rbac.nodeRead=false", "rbac.kueueRead=false",
-                  "rbac.admissionPolicyRead=false")
+                  "rbac.admissionPolicyRead=false", "rbac.userRoles=false")
     assert by_kind(bare, "ClusterRole") == [] and by_kind(bare, "ClusterRoleBinding") == []
 
 
