@@ -1,7 +1,7 @@
 """The e2e runs run together, in threads: most of a run is waiting (a step every half second, a pod starting, a
 recovery), so several runs at once cost about what one does. Each test waits for its own run's result and asserts
 on it as before. The runs that take nodes down (test_nodes.py) get a lane of three fault nodes each, one run per
-lane at a time (the session cluster has two lanes); the others run three at a time on node 0.
+lane at a time (the session cluster has two lanes); the others run two at a time on node 0.
 
 A run is registered by name (``@runs_in_background("soak")``); a test that needs it carries
 ``pytest.mark.background("soak")`` and asks ``background.result("soak")``. The session fixture
