@@ -271,24 +271,25 @@ def drain_run(lane: Env) -> Run:
 @pytest.mark.background("node-lost-worker")
 def test_node_of_a_worker_lost(background: Background, reference: Run) -> None:
     """Issue 24, no spare: the survivor reports the silent peer (status.progress.lostPeers) and the operator
-    replaces it at once on another node, without waiting for Kubernetes to call the node NotReady and
-    force-delete the pod (the replacement started 32 s after the loss then, the first step 40 s)."""
+    replaces it on another node as soon as Kubernetes calls the node NotReady, without waiting for the taint's
+    toleration and the pod's force deletion (the replacement started 32 s after the loss then, the first step
+    40 s). Not before NotReady since issue 43: on a node still Ready the reported pod is deleted gracefully first,
+    so that a false report costs a healthy pod its SIGTERM checkpoint, not a SIGKILL (docs/recovery.md)."""
     run = background.result("node-lost-worker")
     row = _report("node-lost-worker", run, reference)
     shown = _phases("node-lost-worker", run, row)[1]["detection"]
     incidents = run.status.get("incidents") or []
     assert [(i["cause"], i["outcome"]) for i in incidents] == [("NodeLost", "Recovered")], incidents
     assert shown is not None and shown <= PEER_TIMEOUT + 3, (shown, run.logs.text()[-4000:])
-    # What the operator controls: it creates the replacement before Kubernetes even calls the node NotReady (the
-    # pod's creationTimestamp, whole seconds). Its container then started 6.1 s after the loss on a lighter load,
-    # 7.6 s in the full CI run of 2026-11-27 and 18-21 s in those of 2026-11-29 (the kubelet's own start-up on two
-    # busy cores; printed, kept as replacement_start_s), against 32 s when it waited. The first step then depends
-    # on the replacement's own start-up (an interpreter, torch, the rendezvous, the checkpoint): 15.0 s after the
-    # loss on the lighter load, 16.9 s in the fresh-clone CI of 2026-11-27 16:30 (started after the soak), 54.2 s
-    # and 41.1 s in two earlier full CI runs that day (beside node 0's three jobs), where the start-up took 46.6 s
-    # and 33.5 s on 2 cores shared with every other e2e job (10 s on a quiet machine: bench/recovery.py --kinds
-    # node); so the issue's 30 s is measured and printed (and kept in the results file), not asserted here.
-    assert row["replacement_created_s"] < min(row["not_ready_s"], PEER_TIMEOUT + 10), row
+    # What the operator controls: it creates the replacement when the node turns NotReady (the pod's
+    # creationTimestamp, whole seconds: 15.2 s against NotReady at 16.5 s in a run alone, 2026-11-29; the operator
+    # reads the node on every pass and may see it before this test's poll does). Its container then started 18.2 s
+    # after the loss alone and 18-21 s in the full tier (the kubelet's start-up; printed, kept as
+    # replacement_start_s). The first step then depends on the replacement's own start-up (an interpreter, torch,
+    # the rendezvous, the checkpoint): 28.6 s after the loss alone, 66.3 s in the tier of 2026-11-29 13:00 (two runs
+    # on node 0 and the other lane beside it); so the issue's 30 s is measured and printed (and kept in the results
+    # file), not asserted here.
+    assert row["replacement_created_s"] <= row["not_ready_s"] + 5, row
     assert_same_model(run, reference)
 
 
