@@ -6,15 +6,14 @@
 # Each release gets a venv cached once per machine, $DDPJOB_CACHE/venvs/torch-<version>-<hash of its requirements
 # and the Python version>: torch==<version> and what the tests import (pyproject's runtime dependencies, pytest,
 # pytest-timeout), never ddpjob itself. Like hack/venv.sh it is built under a lock and valid once `.complete` exists.
-# This checkout reaches it through a thin venv of its own, .out/compat/torch-<version> (.pth files: the cached
-# site-packages, the checkout's packages, and the main venv's pytest-xdist alone), so two checkouts share the 6 GB
-# without pointing it at either. The release the main venv already has runs in .venv itself. Two tests run at once.
+# This checkout reaches it through a thin venv of its own, .out/compat/torch-<version> (two .pth files: the cached
+# site-packages and the checkout's packages), so two checkouts share the 6 GB without pointing it at either. The
+# release the main venv already has runs in .venv itself.
 #
 # Usage: hack/compat.sh [VERSION...]        the matrix (default: TORCH_COMPAT_VERSIONS)
 #        hack/compat.sh --python VERSION    build VERSION's venv if needed and print its python (to read its torch)
 # Environment: DDPJOB_CACHE (default ~/.cache/ddpjob), COMPAT_PYTEST_ARGS (replaces the default test selection),
-# COMPAT_TIMEOUT_SECONDS (one release's pytest, default 2400), COMPAT_WORKERS (pytest-xdist workers, default 2),
-# DDPJOB_TIMINGS (a row per release for `make test`).
+# COMPAT_TIMEOUT_SECONDS (one release's pytest, default 2400), DDPJOB_TIMINGS (a row per release for `make test`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO=$PWD
@@ -79,20 +78,6 @@ cached_venv() {
   echo "$dir"
 }
 
-# xdist_path: a folder holding only pytest-xdist and execnet (pure Python, links into the main venv), for the thin
-# venvs' path: the matrix runs two tests at once as test-fast does, without a second 3.5 GB venv per release for two
-# small packages, and without the main venv's torch in sight. Empty output when the main venv has no xdist.
-xdist_path() {
-  local site dir="$OUT/xdist"
-  site=$("$MAIN/bin/python" -c 'import os, xdist; print(os.path.dirname(os.path.dirname(xdist.__file__)))' \
-    2>/dev/null) || return 0
-  rm -rf "$dir" && mkdir -p "$dir"
-  for entry in "$site"/xdist "$site"/execnet "$site"/pytest_xdist-*.dist-info "$site"/execnet-*.dist-info; do
-    [ -e "$entry" ] && ln -s "$entry" "$dir/"
-  done
-  echo "$dir"
-}
-
 # checkout_python VERSION: a python of torch VERSION that imports this checkout; prints its path.
 checkout_python() {
   local version=$1 dir thin site
@@ -106,7 +91,6 @@ checkout_python() {
   site=$("$thin/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
   "$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))' >"$site/ddpjob-deps.pth"
   printf '%s\n' "$REPO/operator" "$REPO/worker" >"$site/ddpjob-checkout.pth"
-  xdist_path >"$site/ddpjob-xdist.pth"
   echo "$thin/bin/python"
 }
 
@@ -128,7 +112,7 @@ EOF
 
 # run_version VERSION: its venv (built if needed), its probe line, its tests; appends its row to ROWS.
 run_version() {
-  local version=$1 t0 venv py rc=0 seconds passed nfailed skipped parallel
+  local version=$1 t0 venv py rc=0 seconds passed nfailed skipped
   t0=$(date +%s)
   if [ "$(main_torch)" = "$version" ]; then
     venv="main .venv"
@@ -142,13 +126,11 @@ run_version() {
   PROBES+=("$("$py" -c 'from ddpjob_worker import compat; print(compat.capabilities().describe())' 2>&1 | tail -n 1)")
   log "torch $version: pytest ${COMPAT_PYTEST_ARGS:-${TESTS[*]}} (venv: $venv; log: .out/compat/torch-$version.log)"
   t0=$(date +%s)
-  # Two tests at a time (COMPAT_WORKERS), as test-fast runs the same tests under the newest torch: 76 torchrun
-  # tests took 15 min one at a time (CI, 2026-11-29). With xdist missing, one at a time.
+  # -p no:xdist: one test at a time (the torchrun tests time their processes; the matrix venvs have no xdist).
   # timeout: a child that never exits (a worker stuck in torch's teardown) keeps pytest from exiting after its
   # summary; the next release must still run.
-  if "$py" -c 'import xdist' 2>/dev/null; then parallel=(-n "${COMPAT_WORKERS:-2}"); else parallel=(-p no:xdist); fi
   # shellcheck disable=SC2086  # COMPAT_PYTEST_ARGS is a list of words
-  timeout -k 30 "${COMPAT_TIMEOUT_SECONDS:-2400}" "$py" -m pytest ${COMPAT_PYTEST_ARGS:-${TESTS[*]}} "${parallel[@]}" \
+  timeout -k 30 "${COMPAT_TIMEOUT_SECONDS:-2400}" "$py" -m pytest ${COMPAT_PYTEST_ARGS:-${TESTS[*]}} -p no:xdist \
     -p no:cacheprovider -q --junitxml="$OUT/torch-$version.xml" >"$OUT/torch-$version.log" 2>&1 || rc=$?
   seconds=$(( $(date +%s) - t0 ))
   read -r passed nfailed skipped < <(counts "$OUT/torch-$version.xml")
