@@ -46,9 +46,14 @@ log = logging.getLogger("ddpjob.controller")
 WORKERS = 64
 
 
-def _rv(body: Mapping[str, Any]) -> str:
-    """The body's resourceVersion, as the API server wrote it."""
-    return str((body.get("metadata") or {}).get("resourceVersion") or "")
+_rv = status_write.resource_version
+
+
+def _answered(observed: planner.Observed, mem: JobMemory, rejection: Rejection | None = None) -> planner.Observed:
+    """What the pass observed, with the API server's answers to its own writes since (refusals, conflicts, a
+    rejected child): what a re-plan within the pass plans from."""
+    return dataclasses.replace(observed, problems=dict(mem.problems), rejected=rejection,
+                               refused_pods=dict(mem.pods_refused), accepted_pods=frozenset(mem.pods_accepted))
 
 
 def _older(rv: str, than: str) -> bool:
@@ -229,7 +234,7 @@ class Controller:
         now = datetime.now(UTC)
         observed = await self._observe(key, mem, body, t0, now)
         plan = planner.plan(body, observed, now)
-        plan = await self._carry_out(key, mem, body, observed, plan, now)
+        plan, rejection = await self._carry_out(key, mem, body, observed, plan, now)
         if plan.job is not None and plan.invalid is None:  # after the pod API's word on its pods (pod_check.py)
             mem.last_valid_spec = copy.deepcopy(body.get("spec"))
         self._log(key, plan)
@@ -238,8 +243,7 @@ class Controller:
         mem.unreadable_said.update(plan.unreadable)
         mem.routine_since = (mem.routine_since or now) if plan.status_held else None
         if plan.patch:
-            seen = dataclasses.replace(observed, problems=dict(mem.problems), refused_pods=dict(mem.pods_refused),
-                                       accepted_pods=frozenset(mem.pods_accepted))
+            seen = _answered(observed, mem, rejection)  # a refused write plans again from the newer job with it
             written = await status_write.write(self.kube, key, _rv(body), plan,
                                                lambda fresh: planner.plan(fresh, seen, now))
             plan, fresh = written.plan, written.body
@@ -281,19 +285,19 @@ class Controller:
         )
 
     async def _carry_out(self, key: Key, mem: JobMemory, body: Mapping[str, Any], observed: planner.Observed,
-                         plan: planner.Plan, now: datetime) -> planner.Plan:
+                         plan: planner.Plan, now: datetime) -> tuple[planner.Plan, Rejection | None]:
         """Carry the plan out: the children, the dry run of a new spec's pods (pod_check.py), the pods, then Kueue's
         Workload writes. After a step whose answers changed what the pass knows, the planner plans again with them,
         and its plan is taken whole less what was done (apply.answered): the pods it then holds back are never
         created, and the status, the Events and the next pass say what the answers mean. A child rejected as invalid
         fails the job: the planner plans that too (history kept), and its pod deletes (cleanPodPolicy) and Workload
-        writes are carried out."""
+        writes are carried out. Returns the plan and the rejection it was planned with (a re-plan of the status write
+        must keep it)."""
         assert self.kube is not None
+        rejection: Rejection | None = None
 
         def replan(rejection: Rejection | None = None) -> planner.Plan:
-            again = dataclasses.replace(observed, problems=dict(mem.problems), rejected=rejection,
-                                        refused_pods=dict(mem.pods_refused), accepted_pods=frozenset(mem.pods_accepted))
-            return planner.plan(body, again, now)
+            return planner.plan(body, _answered(observed, mem, rejection), now)
 
         try:
             if plan.job is not None and await apply_children(self.kube, key, mem, plan, self.identity):
@@ -303,12 +307,13 @@ class Controller:
             if plan.job is not None and await apply_pods(self.kube, key, mem, plan, self.identity):
                 plan = answered(replan(), plan, pods=True)
         except Rejected as err:
-            plan = replan(Rejection(err.kind, err.name, err.message))
+            rejection = Rejection(err.kind, err.name, err.message)
+            plan = replan(rejection)
             if plan.job is not None:  # a Failed plan creates nothing: nothing here can be rejected again
                 await apply_pods(self.kube, key, mem, plan, self.identity)
         if plan.workload_writes:  # after the pod deletes: an evicted job's quota goes back once none is active
             await kueue_sync.write(self.kube, key[0], plan.workload_writes, now)
-        return plan
+        return plan, rejection
 
     def _schedule(self, key: Key, mem: JobMemory, plan: planner.Plan) -> None:
         """The next pass: when the plan asked, sooner while a create is refused (with jittered backoff)."""

@@ -39,7 +39,8 @@ class Written:
     conflict: bool = False
 
 
-def _rv(body: Mapping[str, Any]) -> str:
+def resource_version(body: Mapping[str, Any]) -> str:
+    """The body's resourceVersion, as the API server wrote it."""
     return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
 
@@ -59,8 +60,8 @@ async def write(kube: Kube, key: tuple[str, str], planned_from: str, plan: Plan,
             return Written(fresh, plan, conflict=True)
         log.info("job=%s/%s status write refused: the job changed since this pass read it (resourceVersion %s, now "
                  "%s; a worker's progress, an edit, or another writer): planning again from it with what this pass "
-                 "saw and did", *key, planned_from, _rv(fresh))
-        plan, planned_from = replan(fresh), _rv(fresh)
+                 "saw and did", *key, planned_from, resource_version(fresh))
+        plan, planned_from = replan(fresh), resource_version(fresh)
         if not plan.patch:
             return Written(fresh, plan, replanned=True)
     raise AssertionError("unreachable")  # the loop returns on its last try

@@ -420,6 +420,7 @@ def test_a_status_write_refused_as_stale_is_planned_again_from_the_newer_job_and
         assert [i["id"] for i in mem.body["status"]["incidents"]][:3] == [1, 2, 3], "written after the other"
         assert key in c.queue._waiting, "the next pass carries out what the newer body changed"
         assert kube.calls.count("patch status") == 2, "refused, then the re-plan written"
+        assert job["status"]["state"] == "Failed", "the re-plan keeps the pass's rejected pod: the job fails"
         await c.reconcile(key)
         c.queue.close()
         return c
