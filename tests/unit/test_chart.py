@@ -79,8 +79,7 @@ def test_default_render_has_the_expected_objects(render: Render) -> None:
     objs = render()
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole",
-                            "ClusterRoleBinding",
-                            "ClusterRoleBinding", "Service", "Deployment", "Role", "RoleBinding",
+                            "ClusterRoleBinding", "ClusterRoleBinding", "Service", "Deployment", "Role", "RoleBinding",
                             "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])
     for o in objs:
         labels = o["metadata"]["labels"]
@@ -134,22 +133,23 @@ def test_security_context_is_locked_down(render: Render) -> None:
 AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
 
 
-def operator_cluster_roles(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def aggregated(role: Obj) -> set[str]:
+    """The built-in ClusterRoles ``role`` is aggregated into (its aggregate-to-* labels)."""
+    return {k.removeprefix(AGGREGATE) for k in role["metadata"]["labels"] if k.startswith(AGGREGATE)}
+
+
+def operator_cluster_roles(objs: list[Obj]) -> list[Obj]:
     """The ClusterRoles the operator is bound to: not the users' (aggregated into edit/admin/view)."""
-    return [r for r in by_kind(objs, "ClusterRole")
-            if not any(k.startswith(AGGREGATE) for k in r["metadata"]["labels"])]
+    return [r for r in by_kind(objs, "ClusterRole") if not aggregated(r)]
 
 
 def test_user_roles_aggregate_into_edit_admin_and_view_and_grant_only_ddpjobs(render: Render) -> None:
     """Issue 44 #4: a user bound to `edit`/`admin` manages DDPJobs, one bound to `view` reads them; the status is
     the operator's to write (tests/integration/test_packaging.py asks the API server the same)."""
-    roles = {r["metadata"]["name"]: r for r in by_kind(render(), "ClusterRole")
-             if any(k.startswith(AGGREGATE) for k in r["metadata"]["labels"])}
+    roles = {r["metadata"]["name"]: r for r in by_kind(render(), "ClusterRole") if aggregated(r)}
     edit, view = roles.pop("ddpjob-system-ddpjob-operator-edit"), roles.pop("ddpjob-system-ddpjob-operator-view")
     assert roles == {}
-    assert {k for k in edit["metadata"]["labels"] if k.startswith(AGGREGATE)} == {f"{AGGREGATE}admin",
-                                                                                   f"{AGGREGATE}edit"}
-    assert {k for k in view["metadata"]["labels"] if k.startswith(AGGREGATE)} == {f"{AGGREGATE}view"}
+    assert aggregated(edit) == {"admin", "edit"} and aggregated(view) == {"view"}
     assert rules_of(edit) == {("ddpjob.io", "ddpjobs"): {"create", "delete", "deletecollection", "get", "list",
                                                          "patch", "update", "watch"},
                               ("ddpjob.io", "ddpjobs/scale"): {"get", "patch", "update"},
