@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Prints manifests/install.yaml: the operator's namespace, then the chart rendered with default values and
-# its CRD. One function so `make manifests` and the drift test (tests/unit/test_chart.py) render the same way.
+# Prints manifests/install.yaml: the operator's namespace, then the chart rendered with default values (its
+# CRD included: templates/crd.yaml). One function so `make manifests` and the drift test (tests/unit/test_chart.py)
+# render the same way.
 #   hack/render-manifests.sh HELM CHART RELEASE NAMESPACE
 set -euo pipefail
 helm=$1 chart=$2 release=$3 namespace=$4
@@ -17,5 +18,5 @@ metadata:
 HEADER
 # The worker admission policy renders only for API servers that serve ValidatingAdmissionPolicy (1.30+): the
 # manifest is for those (helm template alone assumes none).
-"$helm" template "$release" "$chart" --namespace "$namespace" --include-crds \
+"$helm" template "$release" "$chart" --namespace "$namespace" \
   --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy

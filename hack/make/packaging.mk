@@ -19,11 +19,11 @@ images-stop: ## Stop the dockerd that `make images` started (if it did)
 	@bash hack/images.sh --stop
 
 .PHONY: chart-crd
-chart-crd: ## Copy the CRD (single source: operator/ddpjob_operator/crd/) into the chart's crds/
+chart-crd: ## Copy the CRD (single source: operator/ddpjob_operator/crd/) into the chart's files/ (templates/crd.yaml)
 	@test -f $(CRD_SRC) || { echo "missing $(CRD_SRC)"; exit 1; }
-	@mkdir -p $(CHART)/crds
-	@cp $(CRD_SRC) $(CHART)/crds/ddpjob-crd.yaml
-	@echo "copied $(CRD_SRC) -> $(CHART)/crds/ddpjob-crd.yaml"
+	@mkdir -p $(CHART)/files
+	@cp $(CRD_SRC) $(CHART)/files/ddpjob-crd.yaml
+	@echo "copied $(CRD_SRC) -> $(CHART)/files/ddpjob-crd.yaml"
 
 .PHONY: manifests
 manifests: venv tools chart-crd ## Render manifests/install.yaml from the chart (helm template, CRD included)

@@ -55,6 +55,6 @@ def test_the_chart_archive_is_the_chart_at_its_version(dist: Path) -> None:
     assert archive.exists(), list(dist.iterdir())
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
-    for path in ("Chart.yaml", "values.yaml", "values.schema.json", "crds/ddpjob-crd.yaml",
+    for path in ("Chart.yaml", "values.yaml", "values.schema.json", "files/ddpjob-crd.yaml", "templates/crd.yaml",
                  "templates/deployment.yaml", "templates/userroles.yaml"):
         assert f"ddpjob-operator/{path}" in names, sorted(names)

@@ -27,7 +27,7 @@ TAG = os.environ.get("TAG", "dev")
 WORKER = f"ddpjob-worker:{TAG}"
 OPERATOR = f"ddpjob-operator:{TAG}"
 REPO = Path(__file__).resolve().parents[2]
-CRD = REPO / "charts" / "ddpjob-operator" / "crds" / "ddpjob-crd.yaml"
+CRD = REPO / "charts" / "ddpjob-operator" / "files" / "ddpjob-crd.yaml"
 # Debian's client where hack/images.sh installed it (it matches the daemon it started).
 DOCKER = os.environ.get("DOCKER") or ("/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker")
 

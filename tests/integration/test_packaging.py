@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from ddpjob_operator.planner.children.builders import build_service, build_worke
 from ddpjob_worker.progress import ApiError, InClusterApi
 
 from tests.conftest import Cluster, wait_for
+from tests.integration.helm import ADOPT_CRD, Helm
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ddpjob-operator"
@@ -30,23 +30,6 @@ INSTALL = REPO / "manifests" / "install.yaml"
 EXAMPLES = REPO / "manifests" / "examples"
 CRD = "ddpjobs.ddpjob.io"
 RELEASE = "ddpjob-operator"  # so resource names are just "ddpjob-operator"
-
-
-class Helm:
-    """The pinned helm binary pointed at the test cluster."""
-
-    def __init__(self, cluster: Cluster) -> None:
-        from tests.cluster.controlplane import tool
-
-        self.binary = tool("helm")
-        self.cluster = cluster
-
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([str(self.binary), f"--kubeconfig={self.cluster.kubeconfig}", *args],
-                              capture_output=True, text=True)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-        return proc
 
 
 @pytest.fixture
@@ -66,7 +49,7 @@ def other_namespace(cluster: Cluster) -> Iterator[str]:
 @pytest.fixture
 def release(helm: Helm, namespace: str) -> Iterator[str]:
     """The chart installed with defaults (cluster-wide mode) into this test's namespace; uninstalled after."""
-    helm("install", RELEASE, str(CHART), "--namespace", namespace, "--set", "image.tag=dev")
+    helm("install", RELEASE, str(CHART), "--namespace", namespace, "--set", "image.tag=dev", *ADOPT_CRD)
     yield namespace
     helm("uninstall", RELEASE, "--namespace", namespace, "--wait", check=False)
 
@@ -102,7 +85,7 @@ def test_helm_lint_is_clean(helm: Helm) -> None:
 
 def test_helm_install_upgrade_uninstall(cluster: Cluster, helm: Helm, namespace: str, other_namespace: str) -> None:
     cluster_role = f"{namespace}-{RELEASE}"
-    out = helm("install", RELEASE, str(CHART), "--namespace", namespace, "--set", "image.tag=dev").stdout
+    out = helm("install", RELEASE, str(CHART), "--namespace", namespace, "--set", "image.tag=dev", *ADOPT_CRD).stdout
     assert f"kubectl -n {namespace} rollout status deployment/{RELEASE}" in out, "NOTES.txt names the next step"
 
     wait_for(lambda: crd_established(cluster), timeout=60, describe=f"CRD {CRD} established")
@@ -138,7 +121,7 @@ def test_helm_install_upgrade_uninstall(cluster: Cluster, helm: Helm, namespace:
     for args in (["serviceaccount", RELEASE, "-n", namespace], ["role", RELEASE, "-n", other_namespace],
                  ["clusterrole", f"{cluster_role}-cluster-read"], ["service", f"{RELEASE}-metrics", "-n", namespace]):
         assert not exists(cluster, *args), args
-    # Helm never deletes CRDs from crds/ (that would delete every DDPJob); the API stays served.
+    # The CRD is kept (helm.sh/resource-policy: keep; deleting it would delete every DDPJob): the API stays served.
     assert exists(cluster, "crd", CRD)
 
 
@@ -317,7 +300,8 @@ def test_a_worker_may_patch_only_its_own_jobs_progress(cluster: Cluster, release
 def test_rbac_namespaced_mode_reaches_only_watched_namespaces(
     cluster: Cluster, helm: Helm, namespace: str, other_namespace: str
 ) -> None:
-    helm("install", RELEASE, str(CHART), "--namespace", namespace, "--set", f"watchNamespaces={{{other_namespace}}}")
+    helm("install", RELEASE, str(CHART), "--namespace", namespace, "--set", f"watchNamespaces={{{other_namespace}}}",
+         *ADOPT_CRD)
     try:
         sa = f"system:serviceaccount:{namespace}:{RELEASE}"
         assert can(cluster, sa, "create", "pods", "-n", other_namespace)

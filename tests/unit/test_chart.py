@@ -15,7 +15,7 @@ from ddpjob_operator.kube.client import CLUSTER_PERMISSIONS, PERMISSIONS
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "ddpjob-operator"
 CRD_SOURCE = REPO / "operator" / "ddpjob_operator" / "crd" / "ddpjob-crd.yaml"
-CRD_COPY = CHART / "crds" / "ddpjob-crd.yaml"
+CRD_COPY = CHART / "files" / "ddpjob-crd.yaml"
 INSTALL = REPO / "manifests" / "install.yaml"
 
 Obj = dict[str, Any]
@@ -80,8 +80,11 @@ def test_default_render_has_the_expected_objects(render: Render) -> None:
     kinds = sorted(o["kind"] for o in objs)
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole",
                             "ClusterRoleBinding", "ClusterRoleBinding", "Service", "Deployment", "Role", "RoleBinding",
-                            "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"])
+                            "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+                            "CustomResourceDefinition"])
     for o in objs:
+        if o["kind"] == "CustomResourceDefinition":
+            continue  # the source file's labels, as every install path applies it (Helm adds its own on create)
         labels = o["metadata"]["labels"]
         for key in ("name", "instance", "version", "managed-by", "component", "part-of"):
             assert f"app.kubernetes.io/{key}" in labels, (o["kind"], key)
@@ -342,6 +345,18 @@ def test_every_value_has_a_comment_above_it() -> None:
 def test_chart_crd_equals_the_source() -> None:
     """The CRD has one source (the operator package); the chart's copy must not drift (`make chart-crd`)."""
     assert CRD_COPY.read_bytes() == CRD_SOURCE.read_bytes(), "run `make chart-crd`"
+
+
+def test_the_crd_is_a_release_resource_that_helm_upgrade_upgrades_and_uninstall_keeps(render: Render) -> None:
+    """Issue 44 #5: Helm installs crds/ once and never upgrades it; a template is upgraded with the release. The
+    schema is the source's, byte for byte but for Helm's keep policy (uninstall must not delete every DDPJob)."""
+    crd = one(render(), "CustomResourceDefinition")
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    source = yaml.safe_load(CRD_SOURCE.read_text())
+    del crd["metadata"]["annotations"]
+    assert crd == source
+    # A second release in the cluster, or a CRD managed apart: none rendered.
+    assert not by_kind(render("crd.install=false"), "CustomResourceDefinition")
 
 
 def test_install_manifest_equals_a_fresh_render(helm: Path) -> None:
