@@ -17,6 +17,7 @@ metadata:
     app.kubernetes.io/part-of: ddpjob
 HEADER
 # The worker admission policy renders only for API servers that serve ValidatingAdmissionPolicy (1.30+): the
-# manifest is for those (helm template alone assumes none).
-"$helm" template "$release" "$chart" --namespace "$namespace" \
+# manifest is for those (helm template alone assumes none), as Chart.yaml's kubeVersion says (offline, helm template
+# checks it against v1.20 unless told a version).
+"$helm" template "$release" "$chart" --namespace "$namespace" --kube-version 1.30.0 \
   --api-versions admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy

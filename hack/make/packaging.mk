@@ -25,6 +25,11 @@ chart-crd: ## Copy the CRD (single source: operator/ddpjob_operator/crd/) into t
 	@cp $(CRD_SRC) $(CHART)/files/ddpjob-crd.yaml
 	@echo "copied $(CRD_SRC) -> $(CHART)/files/ddpjob-crd.yaml"
 
+.PHONY: chart-readme
+chart-readme: venv ## Regenerate the chart's README.md (its values table from values.schema.json and values.yaml)
+	@$(PY) hack/chart_readme.py $(CHART) > $(CHART)/README.md.tmp && mv $(CHART)/README.md.tmp $(CHART)/README.md
+	@echo "wrote $(CHART)/README.md"
+
 .PHONY: manifests
 manifests: venv tools chart-crd ## Render manifests/install.yaml from the chart (helm template, CRD included)
 	@bash hack/render-manifests.sh "$(HELM)" $(CHART) $(INSTALL_RELEASE) $(INSTALL_NAMESPACE) > manifests/install.yaml.tmp

@@ -33,9 +33,9 @@ def _tool(name: str) -> Path:
 @pytest.fixture(scope="module")
 def rules() -> dict[str, Any]:
     """The PrometheusRule the chart renders (release r in namespace ops, default thresholds)."""
-    out = subprocess.run([str(_tool("helm")), "template", "r", str(CHART), "--namespace", "ops", "--set",
-                          "metrics.prometheusRule.enabled=true", "--show-only", "templates/prometheusrule.yaml"],
-                         capture_output=True, text=True, check=True).stdout
+    args = ["template", "r", str(CHART), "--namespace", "ops", "--kube-version=1.30.0", "--set",
+            "metrics.prometheusRule.enabled=true", "--show-only", "templates/prometheusrule.yaml"]
+    out = subprocess.run([str(_tool("helm")), *args], capture_output=True, text=True, check=True).stdout
     doc: dict[str, Any] = yaml.safe_load(out)
     return doc
 

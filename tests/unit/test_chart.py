@@ -17,6 +17,8 @@ CHART = REPO / "charts" / "ddpjob-operator"
 CRD_SOURCE = REPO / "operator" / "ddpjob_operator" / "crd" / "ddpjob-crd.yaml"
 CRD_COPY = CHART / "files" / "ddpjob-crd.yaml"
 INSTALL = REPO / "manifests" / "install.yaml"
+#: `helm template` checks Chart.yaml's kubeVersion against this (offline its default is v1.20, which the chart refuses).
+KUBE = "--kube-version=1.30.0"
 
 Obj = dict[str, Any]
 Render = Callable[..., list[Obj]]
@@ -39,7 +41,7 @@ def helm() -> Path:
 @pytest.fixture(scope="module")
 def render(helm: Path) -> Render:
     def _render(*sets: str, namespace: str = "ddpjob-system", release: str = "ddpjob-operator") -> list[Obj]:
-        args = [str(helm), "template", release, str(CHART), "--namespace", namespace]
+        args = [str(helm), "template", release, str(CHART), "--namespace", namespace, KUBE]
         for s in sets:
             args += ["--set", s]
         out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
@@ -198,7 +200,7 @@ def test_the_worker_admission_policy_is_never_skipped_without_a_word(helm: Path,
     """Issue 43 #4: an API server that does not serve ValidatingAdmissionPolicy fails the install unless the value
     is off; an offline render (no kind known) renders it; the operator is told its name and may read it, by name."""
     def template(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(helm), "template", "r", str(CHART), "-n", "ns", *args], capture_output=True,
+        return subprocess.run([str(helm), "template", "r", str(CHART), "-n", "ns", KUBE, *args], capture_output=True,
                               text=True)
 
     live_old = template("--api-versions", "apps/v1/Deployment")  # a live server's kinds, without the policy's
@@ -311,7 +313,7 @@ def test_unsafe_lease_timings_are_refused_as_the_operator_refuses_them(render: R
     "liveness.port=70000",
 ])
 def test_schema_rejects_unknown_or_invalid_values(helm: Path, bad: str) -> None:
-    proc = subprocess.run([str(helm), "template", "x", str(CHART), "--set", bad], capture_output=True, text=True)
+    proc = subprocess.run([str(helm), "template", "x", str(CHART), KUBE, "--set", bad], capture_output=True, text=True)
     assert proc.returncode != 0, f"--set {bad} was accepted"
     assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
 
@@ -357,6 +359,29 @@ def test_the_crd_is_a_release_resource_that_helm_upgrade_upgrades_and_uninstall_
     assert crd == source
     # A second release in the cluster, or a CRD managed apart: none rendered.
     assert not by_kind(render("crd.install=false"), "CustomResourceDefinition")
+
+
+def test_the_chart_refuses_kubernetes_before_1_30(helm: Path) -> None:
+    """kubeVersion: the worker admission policy needs ValidatingAdmissionPolicy v1 (1.30); vendor builds pass."""
+    for version, ok in (("1.29.9", False), ("1.30.0", True), ("v1.30.2-eks-1234", True), ("1.34.4", True)):
+        proc = subprocess.run([str(helm), "template", "r", str(CHART), f"--kube-version={version}"],
+                              capture_output=True, text=True)
+        assert (proc.returncode == 0) == ok, (version, proc.stderr)
+        assert ok or "chart requires kubeVersion: >=1.30.0-0" in proc.stderr, proc.stderr
+
+
+def test_the_charts_readme_is_generated_from_the_schema() -> None:
+    """Issue 44 #2: the values table has a row per key of values.schema.json (`make chart-readme`)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("chart_readme", REPO / "hack" / "chart_readme.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    fresh = mod.main(CHART)
+    assert (CHART / "README.md").read_text() == fresh, "the chart's README.md is stale: run `make chart-readme`"
+    assert "| `crd.install` | boolean | `true` | Install and upgrade the CRD with this release" in fresh
+    assert "| `image.pullPolicy` | one of `Always`, `IfNotPresent`, `Never` | `\"IfNotPresent\"` |" in fresh
 
 
 def test_install_manifest_equals_a_fresh_render(helm: Path) -> None:
