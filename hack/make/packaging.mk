@@ -14,6 +14,10 @@ images: venv ## Build ddpjob-operator, ddpjob-worker and ddpjob-runtime :dev (op
 images-e2e: venv ## `make images` plus the e2e tier's plain user image ddpjob-plain:torch-<oldest supported> (~5.6 GB)
 	@bash hack/images.sh --e2e
 
+.PHONY: push
+push: ## Tag and push the images to a registry (REGISTRY=host/path make images push; chart value imageRegistry=host/path)
+	@bash hack/push-images.sh
+
 .PHONY: images-stop
 images-stop: ## Stop the dockerd that `make images` started (if it did)
 	@bash hack/images.sh --stop

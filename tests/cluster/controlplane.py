@@ -51,6 +51,7 @@ def tool(name: str) -> Path:
         "kueue": v["KUEUE_VERSION"],
         "promtool": v["PROMETHEUS_VERSION"],
         "prometheus": v["PROMETHEUS_VERSION"],
+        "registry": v["DISTRIBUTION_VERSION"],
     }.get(name, v["KUBERNETES_VERSION"])
     cache = Path(os.environ.get("DDPJOB_CACHE", Path.home() / ".cache" / "ddpjob"))
     path = cache / "bin" / f"{name}-{version}" / name

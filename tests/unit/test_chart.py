@@ -311,6 +311,7 @@ def test_unsafe_lease_timings_are_refused_as_the_operator_refuses_them(render: R
     "watchNamespaces={Not_A_Namespace}",
     "image.pullPolicy=Sometimes",
     "liveness.port=70000",
+    "imageRegistry=https://registry.example/ml",
 ])
 def test_schema_rejects_unknown_or_invalid_values(helm: Path, bad: str) -> None:
     proc = subprocess.run([str(helm), "template", "x", str(CHART), KUBE, "--set", bad], capture_output=True, text=True)
@@ -359,6 +360,18 @@ def test_the_crd_is_a_release_resource_that_helm_upgrade_upgrades_and_uninstall_
     assert crd == source
     # A second release in the cluster, or a CRD managed apart: none rendered.
     assert not by_kind(render("crd.install=false"), "CustomResourceDefinition")
+
+
+def test_one_value_names_the_registry_of_both_images(render: Render) -> None:
+    """Issue 44 #1: `REGISTRY=r make images push` pushes both images under r; imageRegistry=r is all the chart needs
+    (a digest still wins over the tag; a trailing slash is forgiven)."""
+    c = container(render("imageRegistry=registry.example:5000/ml/"))
+    assert c["image"] == "registry.example:5000/ml/ddpjob-operator:0.1.0"
+    assert "--runtime-image=registry.example:5000/ml/ddpjob-runtime:0.1.0" in c["args"]
+    digest = "sha256:" + "a" * 64
+    c = container(render("imageRegistry=r.example/ml", f"runtimeImage.digest={digest}"))
+    assert c["image"] == "r.example/ml/ddpjob-operator:0.1.0"
+    assert f"--runtime-image=r.example/ml/ddpjob-runtime@{digest}" in c["args"]
 
 
 def test_the_chart_refuses_kubernetes_before_1_30(helm: Path) -> None:

@@ -70,21 +70,28 @@ helm.sh/chart: {{ include "ddpjob-operator.chart" . }}
 {{- end }}
 {{- end }}
 
-{{/* The image reference: repository@digest when a digest is set, else repository:tag (tag defaults to appVersion). */}}
-{{- define "ddpjob-operator.image" -}}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{/*
+An image reference: [imageRegistry/]repository, then @digest when a digest is set, else :tag (tag defaults to the
+appVersion). imageRegistry is one value for both images, the REGISTRY that `make images push` pushed them to.
+Called with (list $ .Values.image).
+*/}}
+{{- define "ddpjob-operator.imageRef" -}}
+{{- $root := index . 0 }}{{- $img := index . 1 }}
+{{- $repo := $img.repository }}
+{{- with $root.Values.imageRegistry }}{{- $repo = printf "%s/%s" (trimSuffix "/" .) $repo }}{{- end }}
+{{- if $img.digest }}
+{{- printf "%s@%s" $repo $img.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s:%s" $repo (default $root.Chart.AppVersion $img.tag) }}
 {{- end }}
 {{- end }}
 
-{{- define "ddpjob-operator.runtimeImage" -}}
-{{- if .Values.runtimeImage.digest }}
-{{- printf "%s@%s" .Values.runtimeImage.repository .Values.runtimeImage.digest }}
-{{- else }}
-{{- printf "%s:%s" .Values.runtimeImage.repository (default .Chart.AppVersion .Values.runtimeImage.tag) }}
+{{- define "ddpjob-operator.image" -}}
+{{- include "ddpjob-operator.imageRef" (list . .Values.image) }}
 {{- end }}
+
+{{- define "ddpjob-operator.runtimeImage" -}}
+{{- include "ddpjob-operator.imageRef" (list . .Values.runtimeImage) }}
 {{- end }}
 
 {{/*
