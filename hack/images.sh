@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds ddpjob-operator:dev, ddpjob-worker:dev and ddpjob-runtime:dev from the Dockerfile on a machine that cannot
-# pull images or reach HTTPS from inside containers (used by `make images`, CI and the e2e tier). The operator and
+# Builds ddpjob-operator:dev, ddpjob-worker:dev and ddpjob-runtime:dev from the Dockerfile (used by `make images`, CI
+# and the e2e tier), also on a machine that cannot pull images or reach HTTPS from inside containers: the wheels are
+# downloaded on the host, and the base image is pulled or, where no registry answers, stood in for (step 3). The operator and
 # runtime images are also tagged with the chart's appVersion (charts/ddpjob-operator/Chart.yaml), the tags `helm
 # install` with default values deploys.
 #
@@ -18,8 +19,9 @@
 #      --ip-forward=false so the host's iptables and sysctls stay as they were (builds need no network:
 #      everything comes from the wheelhouse). Its PID is kept in $CACHE/dockerd.pid for --stop; it is left
 #      running on purpose so the next build and the e2e tier reuse it.
-#   3. A local stand-in for `python:3.11-slim-bookworm` (debootstrap minbase + python3, `docker import`),
-#      skipped when an image with that name exists. Debian bookworm's python3 is 3.11.
+#   3. The base image `python:3.11-slim-bookworm`: the official one, pulled when missing; only where it cannot be
+#      pulled a local stand-in (debootstrap minbase + python3, `docker import`; Debian bookworm's python3 is 3.11)
+#      under its own name, ddpjob-local/python:3.11-slim-bookworm, passed to every build as BASE_IMAGE.
 #   4. The wheelhouse: wheels for every dependency, downloaded on the host (which trusts the local CA)
 #      with the versions pinned to those in .venv, into $CACHE/wheelhouse (outside the repo).
 #   5. A build context in $CACHE/image-context: the repo's git-visible files plus the wheels hardlinked into
@@ -43,6 +45,9 @@ CACHE=${DDPJOB_CACHE:-$HOME/.cache/ddpjob}
 TAG=${TAG:-dev}
 APP_VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/ddpjob-operator/Chart.yaml)
 BASE_IMAGE=python:3.11-slim-bookworm
+# The offline stand-in's own name, and the note `docker import` gives it (how an older one is recognised).
+STANDIN=ddpjob-local/python:3.11-slim-bookworm
+STANDIN_NOTE="local stand-in for $BASE_IMAGE (debootstrap minbase bookworm + python3)"
 PIDFILE=$CACHE/dockerd.pid
 mkdir -p "$CACHE"
 
@@ -119,8 +124,23 @@ fi
 export DOCKER_BUILDKIT=1
 progress=(--progress=plain)
 
-# 3. The base image stand-in.
-if ! "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+# 3. The base image: the official one when the daemon has it or can pull it; else (no registry reachable, as on
+#    this project's machines) a local stand-in under a name of its own, never over the official tag. An older
+#    version of this script imported the stand-in as $BASE_IMAGE itself: it is moved to $STANDIN here (a retag: the
+#    image ID, and so every build cached on it, stays the same).
+if [ "$("$DOCKER" image inspect -f '{{.Comment}}' "$BASE_IMAGE" 2>/dev/null)" = "$STANDIN_NOTE" ]; then
+  "$DOCKER" tag "$BASE_IMAGE" "$STANDIN" && "$DOCKER" rmi "$BASE_IMAGE" >/dev/null
+  log "the stand-in an older images.sh imported as $BASE_IMAGE is now $STANDIN"
+fi
+if "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+  base=$BASE_IMAGE
+elif "$DOCKER" image inspect "$STANDIN" >/dev/null 2>&1; then
+  base=$STANDIN
+elif log "pulling $BASE_IMAGE" && timeout 300 "$DOCKER" pull -q "$BASE_IMAGE" >"$CACHE/pull-base.log" 2>&1; then
+  base=$BASE_IMAGE
+  took "base image $BASE_IMAGE pulled"
+else
+  log "cannot pull $BASE_IMAGE ($(tail -n 1 "$CACHE/pull-base.log")): building the stand-in $STANDIN"
   command -v debootstrap >/dev/null || { apt-get update -qq; apt-get install -y -qq debootstrap >/dev/null; }
   # The machine's own Debian mirror (the repository names none): DEBIAN_MIRROR, else apt's first source.
   mirror=${DEBIAN_MIRROR:-$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {print $2; exit}')}
@@ -140,10 +160,10 @@ if ! "$DOCKER" image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
     "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/*
   tar -C "$rootfs" -c . | "$DOCKER" import \
     --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' \
-    -m "local stand-in for $BASE_IMAGE (debootstrap minbase bookworm + python3)" - "$BASE_IMAGE" >/dev/null
+    --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' -m "$STANDIN_NOTE" - "$STANDIN" >/dev/null
   rm -rf "$rootfs"
-  took "base image $BASE_IMAGE imported"
+  base=$STANDIN
+  took "base image stand-in $STANDIN imported"
 fi
 
 # 4. The wheelhouse, pinned to the versions the tests ran with.
@@ -191,8 +211,9 @@ build() {
   fi
 }
 build "ddpjob-operator:$TAG" "$CACHE/build-operator.log" -t "ddpjob-operator:$APP_VERSION" --target operator \
+  --build-arg "BASE_IMAGE=$base" --build-arg PIP_ARGS=--no-index "$CTX"
+build "ddpjob-worker:$TAG" "$CACHE/build-worker.log" --target worker --build-arg "BASE_IMAGE=$base" \
   --build-arg PIP_ARGS=--no-index "$CTX"
-build "ddpjob-worker:$TAG" "$CACHE/build-worker.log" --target worker --build-arg PIP_ARGS=--no-index "$CTX"
 # The runtime from a context of its own (worker/ only): BuildKit keeps one copy of a context directory and syncs it to
 # the paths the target uses, so a runtime build from $CTX would drop the wheels from that copy and the next operator
 # build would send all 3 GB again (~25 s instead of ~1 s). Plus the few wheels of the runtime's vendored boto3
@@ -215,7 +236,7 @@ cp -a "$CTX/worker" "$CTX/.dockerignore" "$RUNTIME_CTX/"
 cp -al "$RUNTIME_WHEELHOUSE"/*.whl "$RUNTIME_CTX/hack/wheelhouse/" 2>/dev/null \
   || cp "$RUNTIME_WHEELHOUSE"/*.whl "$RUNTIME_CTX/hack/wheelhouse/"
 build "ddpjob-runtime:$TAG" "$CACHE/build-runtime.log" -t "ddpjob-runtime:$APP_VERSION" --target runtime \
-  --build-arg PIP_ARGS=--no-index -f "$CTX/Dockerfile" "$RUNTIME_CTX"
+  --build-arg "BASE_IMAGE=$base" --build-arg PIP_ARGS=--no-index -f "$CTX/Dockerfile" "$RUNTIME_CTX"
 
 # 6. The e2e tier's plain user image: torch of the oldest supported release and nothing of ours.
 if [ "$E2E" = 1 ]; then
@@ -239,7 +260,7 @@ if [ "$E2E" = 1 ]; then
   cp tests/e2e/images/plain/train.py "$PLAIN_CTX/train.py"
   cp -al "$PLAIN_WHEELHOUSE"/*.whl "$PLAIN_CTX/wheelhouse/" 2>/dev/null || cp "$PLAIN_WHEELHOUSE"/*.whl "$PLAIN_CTX/wheelhouse/"
   build "ddpjob-plain:torch-$torch_version" "$CACHE/build-plain.log" --build-arg "TORCH_VERSION=$torch_version" \
-    --build-arg PIP_ARGS=--no-index "$PLAIN_CTX"
+    --build-arg "BASE_IMAGE=$base" --build-arg PIP_ARGS=--no-index "$PLAIN_CTX"
 fi
 
 # 7. The e2e tier's framework user image: the plain image plus transformers, accelerate and lightning (pinned in

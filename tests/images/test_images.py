@@ -54,6 +54,16 @@ def images() -> None:
     skip_unless_built((WORKER, OPERATOR), "make images")
 
 
+def test_the_offline_base_never_takes_the_official_name() -> None:
+    """Issue 44 #1: where python:3.11-slim-bookworm cannot be pulled, hack/images.sh builds a stand-in under a name
+    of its own; an image under the official name is the official one (a user's Docker keeps its meaning)."""
+    note = docker("image", "inspect", "-f", "{{.Comment}}", "python:3.11-slim-bookworm", check=False)
+    assert note.returncode != 0 or "local stand-in" not in note.stdout, note.stdout
+    base = docker("image", "inspect", "-f", "{{.Id}}", "ddpjob-local/python:3.11-slim-bookworm", check=False)
+    official = docker("image", "inspect", "-f", "{{.Id}}", "python:3.11-slim-bookworm", check=False)
+    assert base.returncode == 0 or official.returncode == 0, "neither the official base nor the stand-in is there"
+
+
 @pytest.mark.parametrize("image", [WORKER, OPERATOR])
 def test_image_runs_as_non_root_without_build_tools(image: str) -> None:
     config = json.loads(docker("image", "inspect", image).stdout)[0]["Config"]
