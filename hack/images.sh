@@ -34,8 +34,9 @@
 #      against that torch into $CACHE/wheelhouse-frameworks-<hash of the pins and torch version> (once; torch's own
 #      wheels are neither fetched again nor kept), a context of tests/e2e/images/frameworks/Dockerfile, the scripts
 #      of tests/e2e/scripts/frameworks/ and those wheels in $CACHE/frameworks-context, and `docker build` of it.
+#   8. The build cache capped (least recently used records above DDPJOB_BUILD_CACHE_KEEP, default 12GB, go).
 # Environment: DDPJOB_CACHE (default ~/.cache/ddpjob), TAG (default dev), DOCKER (client binary),
-# DDPJOB_DOCKER_ROOT (--data-root of a dockerd this script starts: a disk with room for the ~9 GB of images and
+# DDPJOB_BUILD_CACHE_KEEP (step 8), DDPJOB_DOCKER_ROOT (--data-root of a dockerd this script starts: a disk with room for the ~9 GB of images and
 # build cache, or an empty directory to measure a cold build), DEBIAN_MIRROR (debootstrap's mirror; default: the
 # machine's own apt source).
 set -euo pipefail
@@ -299,4 +300,12 @@ if [ "$E2E" = 1 ]; then
     --build-arg "BASE_IMAGE=ddpjob-plain:torch-$torch_version" --build-arg "FRAMEWORKS_PINS=$frameworks_pins" \
     --build-arg PIP_ARGS=--no-index "$FW_CTX"
 fi
+
+# 8. Disk: the build cache of superseded builds (a dependency change leaves a 6 GB venv layer's cache behind; after
+#    one `make demo` and one `make test` the daemon held 35 GB of it, 2026-11-29). BuildKit drops the least recently
+#    used records above the cap first, so the ones each build above just used stay while they fit (about 6.3 GB for
+#    all five images, 2026-11-29): they keep the next build a 3-second cache check with the same image IDs.
+#    DDPJOB_BUILD_CACHE_KEEP sets the cap (default 12GB, about twice that).
+pruned=$("$DOCKER" builder prune -f --keep-storage "${DDPJOB_BUILD_CACHE_KEEP:-12GB}" 2>&1 | tail -n 1)
+log "build cache capped at ${DDPJOB_BUILD_CACHE_KEEP:-12GB}: ${pruned:-nothing to reclaim}"
 log "done in $(( $(date +%s) - t_start )) s"
