@@ -360,6 +360,8 @@ def test_the_crd_is_a_release_resource_that_helm_upgrade_upgrades_and_uninstall_
     assert crd == source
     # A second release in the cluster, or a CRD managed apart: none rendered.
     assert not by_kind(render("crd.install=false"), "CustomResourceDefinition")
+    # `helm upgrade --reuse-values` from chart 0.3.0 or older: its values have no `crd` key at all.
+    assert one(render("crd=null"), "CustomResourceDefinition")["metadata"]["name"] == "ddpjobs.ddpjob.io"
 
 
 def test_one_value_names_the_registry_of_both_images(render: Render) -> None:
