@@ -3,6 +3,9 @@ SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 CLUSTER_DIR ?= .cluster
+# mypy's incremental cache outside the checkout, shared by every clone (it re-checks a module whose source hash
+# changed, and what depends on it): a fresh clone's type check takes ~2 s instead of 55-66 s (CI clones afresh).
+export MYPY_CACHE_DIR ?= $(or $(DDPJOB_CACHE),$(HOME)/.cache/ddpjob)/mypy
 
 .DEFAULT_GOAL := help
 
