@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 from tests.conftest import Cluster
+
+#: The chart under test, the release name its tests install it as (so resource names are just "ddpjob-operator"),
+#: and the CRD it ships.
+CHART = Path(__file__).resolve().parents[2] / "charts" / "ddpjob-operator"
+RELEASE = "ddpjob-operator"
+CRD = "ddpjobs.ddpjob.io"
 
 #: The tier's CRD is applied by conftest (`kubectl apply --server-side`), not by a release, as on a cluster whose
 #: CRD came from chart 0.3.0's crds/ or from manifests/install.yaml: a release adopts it (Helm >= 3.17).

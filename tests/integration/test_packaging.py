@@ -22,14 +22,11 @@ from ddpjob_operator.planner.children.builders import build_service, build_worke
 from ddpjob_worker.progress import ApiError, InClusterApi
 
 from tests.conftest import Cluster, wait_for
-from tests.integration.helm import ADOPT_CRD, Helm
+from tests.integration.helm import ADOPT_CRD, CHART, CRD, RELEASE, Helm
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "ddpjob-operator"
 INSTALL = REPO / "manifests" / "install.yaml"
 EXAMPLES = REPO / "manifests" / "examples"
-CRD = "ddpjobs.ddpjob.io"
-RELEASE = "ddpjob-operator"  # so resource names are just "ddpjob-operator"
 
 
 @pytest.fixture

@@ -21,13 +21,11 @@ import pytest
 import yaml
 
 from tests.conftest import Cluster, wait_for
-from tests.integration.helm import Helm
+from tests.integration.helm import CHART, CRD, RELEASE, Helm
 from tests.integration.operator_support import CRD_PATH
 
 REPO = Path(__file__).resolve().parents[2]
-CRD_SOURCE = "operator/ddpjob_operator/crd/ddpjob-crd.yaml"
-RELEASE = "ddpjob-operator"
-CRD = "ddpjobs.ddpjob.io"
+CRD_SOURCE = str(CRD_PATH.relative_to(REPO))
 
 
 def git(*args: str) -> bytes:
@@ -107,7 +105,7 @@ def test_helm_upgrade_from_the_chart_before_the_crds_last_change(
     })).stdout
     uid = json.loads(job)["metadata"]["uid"]
 
-    upgrade = docs_upgrade_command(namespace, REPO / "charts" / "ddpjob-operator")
+    upgrade = docs_upgrade_command(namespace, CHART)
     if (old_chart / "crds").is_dir() and "--take-ownership" in upgrade:
         # What the docs' flag is for: without it Helm refuses to adopt the CRD that crds/ created.
         plain = helm(*[w for w in upgrade if w != "--take-ownership"], check=False)
