@@ -22,8 +22,7 @@ Needs Kubernetes {kube} (Chart.yaml's kubeVersion; docs/packaging.md, "Compatibi
 
 ```bash
 helm install ddpjob-operator oci://<registry>/charts/ddpjob-operator --version {version} \\
-  --namespace ddpjob-system --create-namespace --set image.repository=<registry>/ddpjob-operator \\
-  --set runtimeImage.repository=<registry>/ddpjob-runtime
+  --namespace ddpjob-system --create-namespace --set imageRegistry=<registry>     # where `make images push` put them
 kubectl -n ddpjob-system rollout status deployment/ddpjob-operator
 ```
 
@@ -64,7 +63,7 @@ def comments(lines: list[str]) -> dict[str, str]:
 
 
 def kind(node: dict[str, Any]) -> str:
-    """The schema's type with its constraints, short: `integer 1-65535`, `string: Always, IfNotPresent`."""
+    """The schema's type with its constraints, short: `integer 1..65535`, ``one of `Always`, `IfNotPresent` ``."""
     if "enum" in node:
         return "one of " + ", ".join(f"`{v}`" for v in node["enum"])
     text = node.get("type", "any")

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds ddpjob-operator:dev, ddpjob-worker:dev and ddpjob-runtime:dev from the Dockerfile (used by `make images`, CI
 # and the e2e tier), also on a machine that cannot pull images or reach HTTPS from inside containers: the wheels are
-# downloaded on the host, and the base image is pulled or, where no registry answers, stood in for (step 3). The operator and
-# runtime images are also tagged with the chart's appVersion (charts/ddpjob-operator/Chart.yaml), the tags `helm
-# install` with default values deploys.
+# downloaded on the host, and the base image is pulled or, where no registry answers, stood in for (step 3). The
+# operator and runtime images are also tagged with the chart's appVersion (charts/ddpjob-operator/Chart.yaml), the
+# tags `helm install` with default values deploys.
 #
 #   hack/images.sh            install docker.io if missing, start dockerd if none runs, build the three images
 #   hack/images.sh --e2e      the same, plus the e2e tier's plain user image ddpjob-plain:torch-<oldest supported>
@@ -36,9 +36,9 @@
 #      of tests/e2e/scripts/frameworks/ and those wheels in $CACHE/frameworks-context, and `docker build` of it.
 #   8. The build cache capped (least recently used records above DDPJOB_BUILD_CACHE_KEEP, default 12GB, go).
 # Environment: DDPJOB_CACHE (default ~/.cache/ddpjob), TAG (default dev), DOCKER (client binary),
-# DDPJOB_BUILD_CACHE_KEEP (step 8), DDPJOB_DOCKER_ROOT (--data-root of a dockerd this script starts: a disk with room for the ~9 GB of images and
-# build cache, or an empty directory to measure a cold build), DEBIAN_MIRROR (debootstrap's mirror; default: the
-# machine's own apt source).
+# DDPJOB_BUILD_CACHE_KEEP (step 8), DDPJOB_DOCKER_ROOT (--data-root of a dockerd this script starts: a disk with
+# room for the ~9 GB of images and build cache, or an empty directory to measure a cold build), DEBIAN_MIRROR
+# (debootstrap's mirror; default: the machine's own apt source).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 REPO=$PWD

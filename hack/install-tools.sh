@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the pinned cluster tools (Kubernetes control plane, etcd, kwok, helm, scheduler-plugins' scheduler, Kueue,
-# Prometheus' promtool, SeaweedFS' weed, distribution's registry; kubelet, kube-proxy and CoreDNS with --node) from their Go modules into a
-# cache outside the repo, keyed by version.
+# Prometheus' promtool, SeaweedFS' weed, distribution's registry; kubelet, kube-proxy and CoreDNS with --node) from
+# their Go modules into a cache outside the repo, keyed by version.
 # A tool already in the cache is skipped, so a warm run takes well under a second.
 #
 # Usage: hack/install-tools.sh [--node] [--print-dir]
@@ -101,7 +101,7 @@ tools=(
   # SDK comes with it (1739 packages; no build tag leaves them out): 29m23s with an empty Go build cache, modules
   # downloaded, on 2 cores beside other builds (load about 9.5; 940 s of CPU); a 164 MB binary.
   "weed|$SEAWEEDFS_VERSION|github.com/seaweedfs/seaweedfs|github.com/seaweedfs/seaweedfs/weed|weed"
-  # CNCF distribution's registry: where tests/images pushes the images (`make images-push`) and the chart (`helm
+  # CNCF distribution's registry: where tests/images pushes the images (`make push`) and the chart (`helm
   # push`), as a platform team's registry. No replace directives in its go.mod.
   "registry|$DISTRIBUTION_VERSION|github.com/distribution/distribution/v3|github.com/distribution/distribution/v3/cmd/registry|plain"
 )

@@ -12,7 +12,7 @@
 # DOCKER    the docker client (default: Debian's /usr/bin/docker when present, as hack/images.sh)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-: "${REGISTRY:?set REGISTRY to the registry and path to push to, e.g. REGISTRY=registry.example.com/ml make images push}"
+: "${REGISTRY:?set REGISTRY to the registry and path to push to (REGISTRY=registry.example.com/ml make images push)}"
 APP_VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/ddpjob-operator/Chart.yaml)
 built=${TAG:-dev}
 pushed=${TAG:-$APP_VERSION}
@@ -21,7 +21,10 @@ if [ -z "${DOCKER:-}" ]; then
   if [ -x /usr/bin/docker ]; then DOCKER=/usr/bin/docker; else DOCKER=docker; fi
 fi
 for image in ${IMAGES:-operator runtime worker}; do
-  case $image in operator|runtime|worker) ;; *) echo "IMAGES: unknown image '$image' (operator, runtime, worker)" >&2; exit 2 ;; esac
+  case $image in
+    operator|runtime|worker) ;;
+    *) echo "IMAGES: unknown image '$image' (operator, runtime, worker)" >&2; exit 2 ;;
+  esac
   src=ddpjob-$image:$built dst=$registry/ddpjob-$image:$pushed
   "$DOCKER" image inspect "$src" >/dev/null 2>&1 || { echo "no image $src: run \`make images\` first" >&2; exit 1; }
   "$DOCKER" tag "$src" "$dst"
