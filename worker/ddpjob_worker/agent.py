@@ -13,6 +13,7 @@ from typing import Any
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError
 
 from ddpjob_worker import causes, compat, contract, peerreport, replication, restart_request, storekeeper, warm
 from ddpjob_worker.logs import get_logger
@@ -159,6 +160,12 @@ class PodAgent(LocalElasticAgent):
     def run(self, role: str = "default") -> RunResult:
         try:
             result: RunResult = super().run(role)
+        except RendezvousClosedError:
+            # Closed before this pod joined (it started late: a replacement, a restarted container). Only success
+            # closes it (_KeepOpen), so the job is done without this pod, as for a spare that waited (below); exit
+            # 200 ("rendezvous lost") would call for a replacement of a pod of a finished job.
+            log.info("the rendezvous was closed before this pod joined: the job is done")
+            return RunResult(state=WorkerState.SUCCEEDED)
         except BaseException:
             if self._keeper.lost_since is None:  # the old client of a lost store would block for its timeout
                 leave_round(self.get_worker_group().spec.rdzv_handler)
