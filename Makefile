@@ -32,6 +32,10 @@ venv: ## Create .venv and install ddpjob with dev extras (idempotent)
 tools: ## Build the pinned cluster tools (k8s v1.34, etcd, kwok, helm) into ~/.cache/ddpjob (cached)
 	@$(TIMED) tools bash hack/install-tools.sh
 
+.PHONY: core-tools
+core-tools: ## Build only the tools of a plain cluster (k8s v1.34, etcd, kwok, helm): no Kueue, scheduler-plugins, Prometheus, SeaweedFS, registry
+	@$(TIMED) tools bash hack/install-tools.sh --core
+
 # `make test` is what CI runs (.ci/run): everything, the real-node e2e tier included (root, ~15 GB free disk).
 .PHONY: test
 test: ## Run every test: lint, types, unit, integration, then the e2e tier on a local real node (hack/test.sh); prints a timing table
@@ -57,9 +61,9 @@ lint: venv ## ruff, the operator's layer contracts (.importlinter; docs/architec
 	$(PY) -m mypy
 
 .PHONY: cluster-up
-cluster-up: venv tools ## Start the local control plane in .cluster/; the last line is `export KUBECONFIG=...`
+cluster-up: venv $(if $(filter 0,$(ADDONS)),core-tools,tools) ## Start the local control plane in .cluster/ (ADDONS=0: no Kueue, no scheduler-plugins); the last line is `export KUBECONFIG=...`
 	@$(if $(filter real,$(NODE)),$(MAKE) --no-print-directory node-tools)
-	@$(PY) -m tests.cluster up --dir $(CLUSTER_DIR) $(if $(filter real,$(NODE)),--real-node --nodes $(NODES))
+	@$(PY) -m tests.cluster up --dir $(CLUSTER_DIR) $(if $(filter real,$(NODE)),--real-node --nodes $(NODES)) $(if $(filter 0,$(ADDONS)),--no-addons)
 
 .PHONY: cluster-down
 cluster-down: ## Stop the local control plane and remove its state (no process or port left)

@@ -4,7 +4,10 @@
 # their Go modules into a cache outside the repo, keyed by version.
 # A tool already in the cache is skipped, so a warm run takes well under a second.
 #
-# Usage: hack/install-tools.sh [--node] [--print-dir]
+# Usage: hack/install-tools.sh [--core] [--node] [--print-dir]
+#   --core         only what a plain cluster runs (control plane, etcd, helm, and kwok without --node): for `make
+#                  demo` (issue 44), which starts no Kueue, scheduler-plugins, Prometheus, SeaweedFS or registry.
+#                  Those are most of a cold build on 2 cores (SeaweedFS' weed alone: 29 min beside other builds).
 #   DDPJOB_CACHE   cache root (default ~/.cache/ddpjob); binaries land in $DDPJOB_CACHE/bin/<tool>-<version>/
 set -euo pipefail
 
@@ -15,12 +18,13 @@ CACHE=${DDPJOB_CACHE:-$HOME/.cache/ddpjob}
 export GOFLAGS=-buildvcs=false
 export GOTOOLCHAIN=local
 
-want_node=0
+want_node=0 want_core=0
 for arg in "$@"; do
   case $arg in
     --node) want_node=1 ;;
+    --core) want_core=1 ;;
     --print-dir) echo "$CACHE/bin"; exit 0 ;;
-    *) echo "unknown argument: $arg (expected --node or --print-dir)" >&2; exit 2 ;;
+    *) echo "unknown argument: $arg (expected --core, --node or --print-dir)" >&2; exit 2 ;;
   esac
 done
 
@@ -105,6 +109,13 @@ tools=(
   # push`), as a platform team's registry. No replace directives in its go.mod.
   "registry|$DISTRIBUTION_VERSION|github.com/distribution/distribution/v3|github.com/distribution/distribution/v3/cmd/registry|plain"
 )
+# The core: the first six entries above (the control plane, etcd, kwok and helm); with --node not kwok (index 4),
+# whose simulated nodes a plain cluster with a real node does not start (tests/cluster/controlplane.py).
+if [ "$want_core" = 1 ]; then
+  kwok_entry=${tools[4]}
+  tools=("${tools[@]:0:4}" "${tools[5]}")
+  [ "$want_node" = 1 ] || tools+=("$kwok_entry")
+fi
 if [ "$want_node" = 1 ]; then
   tools+=(
     "kubelet|$KUBERNETES_VERSION|k8s.io/kubernetes|k8s.io/kubernetes/cmd/kubelet|k8s"

@@ -1,7 +1,7 @@
-"""Prints the timing table of a `make test` run from the lines hack/timed.sh, hack/install-tools.sh and the test
-suites' conftest appended to DDPJOB_TIMINGS ("phase<TAB>seconds<TAB>exit code"), in the order they ran.
+"""Prints the timing table of a `make test` (or `make demo`) run from the lines hack/timed.sh, hack/install-tools.sh
+and the test suites' conftest appended to DDPJOB_TIMINGS ("phase<TAB>seconds<TAB>exit code"), in the order they ran.
 
-usage: python hack/timings.py FILE [--since EPOCH_SECONDS]
+usage: python hack/timings.py FILE [--since EPOCH_SECONDS] [--what "make demo"]
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def clock(seconds: float) -> str:
     return f"{minutes}:{rest:02d}"
 
 
-def table(found: list[tuple[str, float, str]], wall: float | None) -> str:
+def table(found: list[tuple[str, float, str]], wall: float | None, what: str = "make test") -> str:
     """The table: one row a phase; the rows of what a phase did (a build inside `tools`, a test inside
     `tests/e2e`) are indented and not added to the sum."""
     width = max([len(p) for p, _, _ in found] + [len("phase")])
@@ -47,9 +47,9 @@ def table(found: list[tuple[str, float, str]], wall: float | None) -> str:
     lines.append("-" * (width + 26))
     lines.append(f"{'sum of top-level phases':<{width}}  {top:>8.1f}  {clock(top):>6}")
     if any(p.endswith("*") for p, _, _ in found):
-        lines.append("* ran beside the phases around it (hack/test.sh); not in the sum")
+        lines.append("* ran beside the phases around it; not in the sum")
     if wall is not None:
-        lines.append(f"{'make test, wall':<{width}}  {wall:>8.1f}  {clock(wall):>6}")
+        lines.append(f"{what + ', wall':<{width}}  {wall:>8.1f}  {clock(wall):>6}")
     return "\n".join(lines)
 
 
@@ -57,13 +57,17 @@ def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
-    wall = None
-    if len(argv) == 3 and argv[1] == "--since":
-        import time
+    import argparse
+    import time
 
-        wall = time.time() - float(argv[2])
-    print(f"\n== timing table ({argv[0]}) ==")
-    print(table(rows(Path(argv[0])), wall))
+    parser = argparse.ArgumentParser(usage=__doc__)
+    parser.add_argument("file", type=Path)
+    parser.add_argument("--since", type=float, help="the run's start (epoch seconds): adds its wall-clock time")
+    parser.add_argument("--what", default="make test", help="what ran, for the wall-clock row")
+    args = parser.parse_args(argv)
+    wall = None if args.since is None else time.time() - args.since
+    print(f"\n== timing table ({args.file}) ==")
+    print(table(rows(args.file), wall, args.what))
     return 0
 
 

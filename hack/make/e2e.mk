@@ -22,6 +22,5 @@ e2e-kind: venv tools ## Run tests/e2e against the current KUBECONFIG (e.g. kind 
 # DEMO_DOWN=1 tears the cluster down at the end; otherwise it stays up (make cluster-down removes it).
 DEMO_DOWN ?=
 .PHONY: demo
-demo: venv tools node-tools ## Real-node cluster + Helm-installed operator + the CPU example, followed live to Succeeded
-	@bash hack/images.sh  # always: the demo must run this tree's code (a warm rebuild takes seconds)
-	$(PY) hack/demo.py --dir $(CLUSTER_DIR) $(if $(DEMO_DOWN),--down)
+demo: ## Real-node cluster + Helm-installed operator + the CPU example, followed live to Succeeded (builds only what it needs)
+	@PY=$(PY) CLUSTER_DIR=$(CLUSTER_DIR) DEMO_DOWN=$(DEMO_DOWN) bash hack/demo.sh

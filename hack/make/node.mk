@@ -8,7 +8,7 @@ IMAGES ?=
 .PHONY: node-tools
 node-tools: ## Install the real node's Debian packages (containerd, CNI plugins, ...) and build kubelet, kube-proxy, CoreDNS (cached)
 	@$(TIMED) node-packages bash hack/node-packages.sh
-	@$(TIMED) node-tools bash hack/install-tools.sh --node
+	@$(TIMED) node-tools bash hack/install-tools.sh --node $(if $(filter 0,$(ADDONS)),--core)
 
 .PHONY: node-import
 node-import: ## Import image tarballs (docker save) into the real node: make node-import IMAGES="a.tar b.tar"

@@ -20,11 +20,13 @@ def main() -> int:
     )
     parser.add_argument("--nodes", type=int, default=1,
                         help="with --real-node: how many real nodes (1.. in network namespaces; docs/real-node.md)")
+    parser.add_argument("--no-addons", action="store_true",
+                        help="without Kueue and scheduler-plugins: a plain cluster, as `make demo`'s")
     args = parser.parse_args()
     if args.command == "up":
         t0 = time.monotonic()
         try:
-            state = up(args.dir, real_node=args.real_node, nodes=args.nodes)
+            state = up(args.dir, real_node=args.real_node, nodes=args.nodes, addons=not args.no_addons)
         except StartError as err:
             print(f"cluster-up failed: {err}", file=sys.stderr)
             return 1

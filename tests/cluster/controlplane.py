@@ -1,5 +1,6 @@
-"""Start and stop the local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok and
-Kueue, all on loopback with free ports, state and logs under one directory so `down` can undo everything `up` did."""
+"""Start and stop the local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok,
+Kueue and scheduler-plugins (addons=False: not the last two, nor kwok beside a real node), all on loopback with free
+ports, state and logs under one directory so `down` can undo everything `up` did."""
 
 from __future__ import annotations
 
@@ -239,12 +240,13 @@ status:
 """
 
 
-def up(directory: Path, real_node: bool = False, nodes: int = 1) -> ClusterState:
+def up(directory: Path, real_node: bool = False, nodes: int = 1, addons: bool = True) -> ClusterState:
     """Start the control plane in `directory` (created if needed); on any failure, undo what was started.
 
     real_node: also run a real node (tests/cluster/node.py): the apiserver then binds and advertises the node's
     bridge address so pods reach it through the `kubernetes` Service. nodes: how many real nodes (node 1.. each in
-    its own network namespace, tests/cluster/netnodes.py)."""
+    its own network namespace, tests/cluster/netnodes.py). addons=False: without Kueue and scheduler-plugins, and
+    with a real node without kwok (none of them built): a plain cluster, as `make demo` needs (issue 44)."""
     t0 = time.monotonic()
     directory = directory.resolve()
     if (old := ClusterState.load(directory)) is not None:
@@ -258,13 +260,13 @@ def up(directory: Path, real_node: bool = False, nodes: int = 1) -> ClusterState
             from tests.cluster import node
 
             host = node.prepare(directory, t0, nodes)
-        _up(state, t0, host)
+        _up(state, t0, host, addons)
         if real_node:
             node.start(state, t0)
     except BaseException:
         down(directory, quiet=True, state=state)
         raise
-    log(f"ready: {KWOK_NODES} kwok nodes, apiserver {_server(state)}", t0)
+    log(f"ready: {KWOK_NODES if 'kwok' in state.pids else 0} kwok nodes, apiserver {_server(state)}", t0)
     return state
 
 
@@ -275,17 +277,50 @@ def _server(state: ClusterState) -> str:
     return ""
 
 
-def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
+def _start_addons(state: ClusterState, bins: dict[str, str]) -> tuple[subprocess.Popen[bytes], subprocess.Popen[bytes]]:
+    """Kueue and scheduler-plugins' scheduler (with its PodGroup CRD), started; both waited for by the caller."""
+    kueue_proc = kueue.start(state, Path(bins[kueue.NAME]))  # first: its CRDs and caches take longest
+    # Before its scheduler starts: the coscheduling plugin watches PodGroups from its first moment.
+    _kubectl(state, "apply", "--server-side", "-f", str(gang_scheduler.crd_path(Path(bins[gang_scheduler.NAME]))))
+    gang = _start(state, gang_scheduler.NAME,
+                  gang_scheduler.argv(Path(bins[gang_scheduler.NAME]), state, state.ports[gang_scheduler.NAME]))
+    return kueue_proc, gang
+
+
+def _start_kwok(state: ClusterState, binary: str, t0: float) -> None:
+    """kwok and its KWOK_NODES simulated nodes, Ready."""
+    kwok = _start(state, "kwok", [
+        binary, f"--kubeconfig={state.kubeconfig}", "--manage-all-nodes=false",
+        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
+        f"--config={HERE / 'kwok-stages.yaml'}", "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1",
+        f"--server-address=127.0.0.1:{state.ports['kwok']}",
+    ])
+    _wait("kwok", kwok, lambda: _insecure_ok(f"http://127.0.0.1:{state.ports['kwok']}/healthz"), state)
+    log(f"{KWOK_NODES} kwok nodes", t0)
+    _kubectl(state, "apply", "-f", "-", stdin="---\n".join(_node_manifest(i) for i in range(KWOK_NODES)))
+
+    def nodes_ready() -> bool:
+        out = _kubectl(state, "get", "nodes", "-o", "jsonpath={.items[*].status.conditions[?(@.type=='Ready')].status}")
+        return out.split() == ["True"] * KWOK_NODES
+
+    _wait("kwok", kwok, nodes_ready, state, 60)
+
+
+def _up(state: ClusterState, t0: float, host: str = "127.0.0.1", addons: bool = True) -> None:
     d = Path(state.dir)
     # With a real node the apiserver listens on the node's bridge address so pods reach it (node.py publishes it as
     # the `kubernetes` Service's endpoint; the lease reconciler would hang the apiserver's shutdown once etcd is gone).
     real = host != "127.0.0.1"
     pki = d / "pki"
-    bins = {n: str(tool(n)) for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
-                                      gang_scheduler.NAME, kueue.NAME)}
+    extra = (gang_scheduler.NAME, kueue.NAME) if addons else ()
+    # kwok's nodes are for tests without a real node, or beside one (tainted) for the tests that want both; a plain
+    # real-node cluster (`make demo`) has no use for them.
+    with_kwok = addons or not real
+    bins = {n: str(tool(n)) for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
+                                      *(("kwok",) if with_kwok else ()), *extra)}
     log("certificates", t0)
     make_pki(pki, extra_sans=(f"IP:{host}",) if real else ())
-    for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok", gang_scheduler.NAME):
+    for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok", *extra[:1]):
         state.ports[name] = free_port()
     state.save()
     write_kubeconfig(state.kubeconfig, f"https://{host}:{state.ports['apiserver']}", pki)
@@ -329,11 +364,10 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
     readyz = f"https://{host}:{state.ports['apiserver']}/readyz"
     _wait("kube-apiserver", api, lambda: _https_ok(readyz, pki), state, 90)
 
-    log("kube-controller-manager, kube-scheduler, scheduler-plugins (PodGroup CRD), kwok, Kueue", t0)
+    log("kube-controller-manager, kube-scheduler" + (", scheduler-plugins (PodGroup CRD), Kueue" if addons
+                                                     else " (no Kueue, no scheduler-plugins)"), t0)
     kubeconfig = str(state.kubeconfig)
-    kueue_proc = kueue.start(state, Path(bins[kueue.NAME]))  # first: its CRDs and caches take longest
-    # Before its scheduler starts: the coscheduling plugin watches PodGroups from its first moment.
-    _kubectl(state, "apply", "--server-side", "-f", str(gang_scheduler.crd_path(Path(bins[gang_scheduler.NAME]))))
+    kueue_proc, gang = _start_addons(state, bins) if addons else (None, None)
     kcm = _start(state, "kube-controller-manager", [
         bins["kube-controller-manager"], f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
@@ -353,36 +387,22 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1") -> None:
         f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
         "--bind-address=127.0.0.1", f"--secure-port={state.ports['scheduler']}", "--leader-elect=false", "--v=1",
     ])
-    gang = _start(state, gang_scheduler.NAME,
-                  gang_scheduler.argv(Path(bins[gang_scheduler.NAME]), state, state.ports[gang_scheduler.NAME]))
-    kwok = _start(state, "kwok", [
-        bins["kwok"], f"--kubeconfig={kubeconfig}", "--manage-all-nodes=false",
-        "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
-        f"--config={HERE / 'kwok-stages.yaml'}", "--cidr=10.244.0.1/16", "--node-ip=10.0.0.1",
-        f"--server-address=127.0.0.1:{state.ports['kwok']}",
-    ])
     kcm_health = f"https://127.0.0.1:{state.ports['kcm']}/healthz"
     _wait("kube-controller-manager", kcm, lambda: _insecure_ok(kcm_health), state)
     _wait("kube-scheduler", sched, lambda: _insecure_ok(f"https://127.0.0.1:{state.ports['scheduler']}/healthz"), state)
-    _wait("kwok", kwok, lambda: _insecure_ok(f"http://127.0.0.1:{state.ports['kwok']}/healthz"), state)
-    gang_health = f"https://127.0.0.1:{state.ports[gang_scheduler.NAME]}/healthz"
-    _wait(gang_scheduler.NAME, gang, lambda: _insecure_ok(gang_health), state)
-
-    log(f"{KWOK_NODES} kwok nodes", t0)
-    _kubectl(state, "apply", "-f", "-", stdin="---\n".join(_node_manifest(i) for i in range(KWOK_NODES)))
-
-    def nodes_ready() -> bool:
-        out = _kubectl(state, "get", "nodes", "-o", "jsonpath={.items[*].status.conditions[?(@.type=='Ready')].status}")
-        return out.split() == ["True"] * KWOK_NODES
-
-    _wait("kwok", kwok, nodes_ready, state, 60)
+    if gang is not None:
+        gang_health = f"https://127.0.0.1:{state.ports[gang_scheduler.NAME]}/healthz"
+        _wait(gang_scheduler.NAME, gang, lambda: _insecure_ok(gang_health), state)
+    if with_kwok:
+        _start_kwok(state, bins["kwok"], t0)
     _kubectl(state, "apply", "-f", "-", stdin=STORAGE_CLASS)
 
     def default_sa() -> bool:
         return bool(_kubectl(state, "get", "serviceaccount", "default", "-n", "default", "-o", "name").strip())
 
     _wait("kube-controller-manager", kcm, default_sa, state, 60)
-    kueue.wait_ready(state, kueue_proc)
+    if kueue_proc is not None:
+        kueue.wait_ready(state, kueue_proc)
 
 
 def _alive(pid: int) -> bool:

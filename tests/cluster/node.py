@@ -218,6 +218,9 @@ def start(state: ClusterState, t0: float) -> None:
         health = f"http://{netnodes.node_ip(k) if k else '127.0.0.1'}:{ns.ports[f'kube-proxy-{k}']}/healthz"
         cp._wait("kube-proxy", _PROCS[_named("kube-proxy", k)], partial(cp._insecure_ok, health), state, 60)
     cp._wait("coredns", coredns, lambda: _tcp_ok(NODE_IP, 53), state)
+    if "kwok" not in state.pids:  # a plain cluster (addons=False): no kwok nodes
+        cp.log(f"real nodes {', '.join(names)} ready", t0)
+        return
     # Untainted kwok nodes would take Deployments (the operator) and fake-run them; real-node e2e wants real pods.
     cp._kubectl(state, "taint", "nodes", "-l", "type=kwok", "kwok.x-k8s.io/node=fake:NoSchedule", "--overwrite")
     cp.log(f"real nodes {', '.join(names)} ready; kwok nodes tainted kwok.x-k8s.io/node=fake:NoSchedule", t0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -125,3 +126,23 @@ def test_pod_succeeds_on_request(cluster: Cluster, namespace: str) -> None:
     wait_for(lambda: _json(cluster, "get", "pod", "done", "-n", namespace)["status"].get("phase") == "Succeeded",
              timeout=60, describe="pod done Succeeded")
 
+
+
+def test_a_plain_control_plane_runs_no_kueue_and_no_scheduler_plugins(tmp_path: Path) -> None:
+    """`make demo`'s cluster (addons=False, issue 44): neither process started nor its tool asked for, and their
+    API groups not served; pods still schedule (the default scheduler, a kwok node)."""
+    from tests.cluster import gang_scheduler, kueue
+    from tests.cluster.controlplane import down, up
+
+    directory = tmp_path / "plain"
+    try:
+        state = up(directory, addons=False)
+        plain = Cluster(state.kubeconfig)
+        assert {kueue.NAME, gang_scheduler.NAME}.isdisjoint(state.pids), f"started: {sorted(state.pids)}"
+        groups = plain.kubectl("api-versions").stdout.split()
+        assert not [g for g in groups if g.startswith(("kueue.x-k8s.io", "scheduling.x-k8s.io"))], groups
+        plain.kubectl("run", "probe", "--image=probe", "--restart=Never")
+        wait_for(lambda: plain.kubectl("get", "pod", "probe", "-o", "jsonpath={.spec.nodeName}").stdout,
+                 timeout=60, describe="the probe pod scheduled to a kwok node")
+    finally:
+        down(directory, quiet=True)
