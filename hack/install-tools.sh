@@ -109,12 +109,13 @@ tools=(
   # push`), as a platform team's registry. No replace directives in its go.mod.
   "registry|$DISTRIBUTION_VERSION|github.com/distribution/distribution/v3|github.com/distribution/distribution/v3/cmd/registry|plain"
 )
-# The core: the first six entries above (the control plane, etcd, kwok and helm); with --node not kwok (index 4),
-# whose simulated nodes a plain cluster with a real node does not start (tests/cluster/controlplane.py).
+# The core, by name: the control plane, etcd and helm, and kwok unless --node (a plain cluster with a real node does
+# not start kwok's simulated nodes: tests/cluster/controlplane.py).
 if [ "$want_core" = 1 ]; then
-  kwok_entry=${tools[4]}
-  tools=("${tools[@]:0:4}" "${tools[5]}")
-  [ "$want_node" = 1 ] || tools+=("$kwok_entry")
+  core=" kube-apiserver kube-controller-manager kube-scheduler etcd helm "
+  [ "$want_node" = 1 ] || core+="kwok "
+  all=("${tools[@]}") tools=()
+  for entry in "${all[@]}"; do [[ $core == *" ${entry%%|*} "* ]] && tools+=("$entry"); done
 fi
 if [ "$want_node" = 1 ]; then
   tools+=(
