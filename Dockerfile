@@ -61,7 +61,7 @@ RUN --mount=type=bind,source=hack/wheelhouse,target=/tmp/build/wheelhouse \
 # path as the real one so the scripts' `#!/opt/venv/bin/python` lines are right in the final images.
 FROM base AS project
 ARG PIP_ARGS=""
-COPY pyproject.toml README.md /src/
+COPY pyproject.toml /src/
 COPY operator/ /src/operator/
 COPY worker/ /src/worker/
 RUN --mount=type=bind,source=hack/wheelhouse,target=/tmp/build/wheelhouse \
