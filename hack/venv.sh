@@ -3,7 +3,7 @@
 # dependencies (torch and the dev tools, ~6 GB) live once per machine in a shared venv outside the repo,
 # $DDPJOB_CACHE/venvs/deps-<hash of the dependency lists and the Python version>, linked by a .pth file. A fresh
 # clone (what CI runs) then takes seconds instead of reinstalling torch; a change to the dependencies makes a new
-# shared venv (old ones are not removed: `rm -rf ~/.cache/ddpjob/venvs` frees them).
+# shared venv; one that no checkout used for DDPJOB_VENV_KEEP_DAYS days (default 7) is removed then.
 # Idempotent: skipped when pyproject.toml has not changed since the last install.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -14,6 +14,8 @@ CACHE=${DDPJOB_CACHE:-$HOME/.cache/ddpjob}
 stamp="$VENV/.ddpjob-installed"
 want=$(sha256sum pyproject.toml | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$VENV/bin/python" -c 'import importlib.util as u, sys; sys.exit(not (u.find_spec("ddpjob_operator") and u.find_spec("torch")))' 2>/dev/null; then
+  # Marks the shared venv used: the removal of unused ones (below) goes by this file's age.
+  deps_site=$(cat "$VENV"/lib/python3*/site-packages/ddpjob-deps.pth 2>/dev/null) && touch "${deps_site%/lib/*}/.last-used" || true
   exit 0
 fi
 t0=$(date +%s)
@@ -41,7 +43,11 @@ if [ ! -f "$DEPS/.complete" ]; then
   "$DEPS/bin/python" -m pip install -q --upgrade pip
   "$DEPS/bin/python" -m pip install -q --progress-bar off -r <(echo "$reqs")
   echo "$reqs" >"$DEPS/.complete"
+  # The shared venvs of other dependency sets that no checkout used for DDPJOB_VENV_KEEP_DAYS days (default 7):
+  # ~6 GB each (issue 44, disk). A checkout still pointing at one finds torch missing and reinstalls (above).
+  bash hack/lib/prune-unused.sh "${DDPJOB_VENV_KEEP_DAYS:-7}" "$DEPS" "$CACHE/venvs"/deps-* | sed 's/^/[venv] /'
 fi
+touch "$DEPS/.last-used"
 flock -u 9
 
 # This checkout's venv: its site-packages sees the shared one through a .pth line; ddpjob itself is editable.

@@ -250,7 +250,8 @@ def _start_node(state: ClusterState, ns: NodeState, k: int, images: list[Path]) 
     ip = netnodes.node_ip(k) if k else NODE_IP
     cd = nd / "containerd"
     _render("containerd.toml", cd / "config.toml", root=cd / "root", state=cd / "state", socket=ns.socket_of(k),
-            opt=cd / "opt", pause_image=PAUSE_IMAGE, runc_root=cd / "runc", cni_conf_dir=nd / "cni/net.d")
+            opt=cd / "opt", pause_image=PAUSE_IMAGE, runc_root=cd / "runc", cni_conf_dir=nd / "cni/net.d",
+            registry_hosts=cd / "certs.d")
     gateway = netnodes.pod_gateway(k) if multi else NODE_IP
     _render("cni.conflist", nd / "cni/net.d/10-ddpjob.conflist", bridge=BRIDGE, ipam_dir=nd / "cni/ipam",
             pod_cidr=netnodes.pod_cidr(k) if multi else POD_CIDR, node_ip=gateway,

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from tests.conftest import Cluster, wait_for
+from tests.conftest import wait_for
 from tests.e2e import training as t
 from tests.e2e.background import Background
 from tests.e2e.runs import Env, fresh_namespace
@@ -23,30 +23,13 @@ pytestmark = pytest.mark.timeout(900)
 
 INSTALL = t.REPO / "manifests" / "install.yaml"
 EXAMPLE = t.REPO / "manifests" / "examples" / "cpu-charlm.yaml"
-CRD = "ddpjobs.ddpjob.io"
-
-
-def _gone(cluster: Cluster, *what: str, namespace: str | None = None) -> bool:
-    scope = ["-n", namespace] if namespace else []
-    proc = cluster.kubectl("get", *what, *scope, "--ignore-not-found", "-o", "name", check=False)
-    return proc.returncode == 0 and not proc.stdout.strip()
-
-
-def _remove_the_helm_install(cluster: Cluster) -> None:
-    """Back to a cluster that has never seen ddpjob: no release, no operator namespace, no CRD (and so no
-    DDPJob of the earlier tests)."""
-    t.helm_uninstall_operator(cluster)
-    cluster.kubectl("delete", "crd", CRD, "--ignore-not-found", "--wait=false")
-    wait_for(lambda: _gone(cluster, "namespace", t.OPERATOR_NS) and _gone(cluster, "crd", CRD), timeout=180,
-             describe=f"namespace {t.OPERATOR_NS} and CRD {CRD} gone after helm uninstall",
-             state=lambda: cluster.kubectl("get", "namespace", t.OPERATOR_NS, "-o", "yaml", check=False).stdout)
 
 
 @pytest.mark.uninstalls
 def test_install_manifest_as_written_trains_the_first_example(env: Env, background: Background) -> None:
     background.drain()
     cluster = env.cluster
-    _remove_the_helm_install(cluster)
+    t.remove_helm_install(cluster)
 
     t0 = time.monotonic()
     cluster.kubectl("apply", "-f", str(INSTALL))
@@ -71,11 +54,11 @@ def test_install_manifest_as_written_trains_the_first_example(env: Env, backgrou
         # Uninstall as docs/lifecycle.md says: the CRD goes, and with it every DDPJob and (by their owner
         # references) their pods; the namespace's worker identity stays (it is the namespace's, not a job's).
         cluster.kubectl("delete", "-f", str(INSTALL), "--wait=true", "--timeout=180s")
-        wait_for(lambda: _gone(cluster, "namespace", t.OPERATOR_NS) and _gone(cluster, "crd", CRD)
-                 and _gone(cluster, "pods", namespace=ns), timeout=180,
+        wait_for(lambda: t.gone(cluster, "namespace", t.OPERATOR_NS) and t.gone(cluster, "crd", t.CRD)
+                 and t.gone(cluster, "pods", namespace=ns), timeout=180,
                  describe="operator namespace, CRD and the job's pods gone after kubectl delete -f install.yaml",
                  state=lambda: cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout)
-        assert _gone(cluster, "clusterrole,clusterrolebinding", "-l", f"app.kubernetes.io/instance={t.RELEASE}")
+        assert t.gone(cluster, "clusterrole,clusterrolebinding", "-l", f"app.kubernetes.io/instance={t.RELEASE}")
         kept = cluster.kubectl("get", "sa,role,rolebinding", "-n", ns, "-l",
                                "app.kubernetes.io/component=worker-identity", "-o", "name").stdout.split()
         assert len(kept) == 3, kept

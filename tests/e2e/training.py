@@ -182,6 +182,25 @@ def helm_uninstall_operator(cluster: Cluster) -> None:
     cluster.kubectl("delete", "namespace", OPERATOR_NS, "--wait=false", check=False)
 
 
+CRD = "ddpjobs.ddpjob.io"
+
+
+def gone(cluster: Cluster, *what: str, namespace: str | None = None) -> bool:
+    scope = ["-n", namespace] if namespace else []
+    proc = cluster.kubectl("get", *what, *scope, "--ignore-not-found", "-o", "name", check=False)
+    return proc.returncode == 0 and not proc.stdout.strip()
+
+
+def remove_helm_install(cluster: Cluster) -> None:
+    """Back to a cluster that has never seen ddpjob: no release, no operator namespace, no CRD (and so no
+    DDPJob of the earlier tests). For the tests that install it another way (marker ``uninstalls``)."""
+    helm_uninstall_operator(cluster)
+    cluster.kubectl("delete", "crd", CRD, "--ignore-not-found", "--wait=false")
+    wait_for(lambda: gone(cluster, "namespace", OPERATOR_NS) and gone(cluster, "crd", CRD), timeout=180,
+             describe=f"namespace {OPERATOR_NS} and CRD {CRD} gone after helm uninstall",
+             state=lambda: cluster.kubectl("get", "namespace", OPERATOR_NS, "-o", "yaml", check=False).stdout)
+
+
 # --- the job ------------------------------------------------------------------------------------------------------
 
 def ddpjob_manifest(name: str, ns: str, *, node_selector: dict[str, str], args: list[str] | None = None,
