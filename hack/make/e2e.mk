@@ -6,7 +6,7 @@ e2e: venv tools node-tools ## Build the images, then tests/images and tests/e2e 
 	PY=$(PY) E2E_ARGS="$(E2E_ARGS)" bash hack/e2e.sh
 
 .PHONY: e2e-extended
-e2e-extended: venv tools node-tools ## The e2e runs left out of `make e2e`: users' frameworks and the object store (root)
+e2e-extended: venv tools node-tools ## The e2e runs left out of `make e2e`: users' frameworks, the object store, every example (root)
 	PY=$(PY) E2E_ARGS="$(E2E_ARGS)" E2E_MARK="e2e and extended" bash hack/e2e.sh
 
 # kind recipe (a laptop with Docker), same suite against the current KUBECONFIG:
