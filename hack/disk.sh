@@ -3,7 +3,7 @@
 # (issue 44: one `make demo` and one `make test` had left 35 GB of build cache unnoticed). The places: the project
 # cache ($DDPJOB_CACHE: venvs, tools, wheelhouses, the nodes' saved images), the project's dockerd (its data root),
 # Go's module and build caches, pip's cache. One `du` over all of them, so a file hard-linked from two places (the
-# saved node images) counts once.
+# saved node images; the wheelhouse in an image's build context) counts once, under the place du reached first.
 # Exit 1 when the total is over DDPJOB_DISK_BUDGET_GB (default 60: a fresh machine's `make demo` + `make test` left
 # 51 GB on 2026-12-06, docs/e2e.md "Disk"), naming what frees the most. --warn: report, but exit 0.
 # Environment: DDPJOB_CACHE, DDPJOB_DOCKER_ROOT, DDPJOB_DISK_BUDGET_GB.
@@ -34,7 +34,9 @@ add "$HOME/.cache/pip"
 report=$(du -s --block-size=1K "${places[@]}" 2>/dev/null | sort -rn)
 total=$(awk '{ s += $1 } END { printf "%d", (s + 512) / 1024 }' <<<"$report")
 echo "[disk] what the project keeps between runs (MB; a file hard-linked from two places counts once):"
-awk '{ printf "  %8d  %s\n", ($1 + 512) / 1024, $2 }' <<<"$report"
+# Places under 1 MB (logs, pid files, empty folders) are summed in one line.
+awk '($1 + 512) / 1024 >= 1 { printf "  %8d  %s\n", ($1 + 512) / 1024, $2; next } { n++; small += $1 }
+     END { if (n) printf "  %8d  (%d more places under 1 MB each)\n", (small + 512) / 1024, n }' <<<"$report"
 printf '  %8d  total; budget %d GB (DDPJOB_DISK_BUDGET_GB)\n' "$total" "$budget"
 if [ "$total" -gt $(( budget * 1024 )) ]; then
   top=$(head -n 1 <<<"$report" | cut -f2)

@@ -36,10 +36,22 @@ def git(*args: str) -> bytes:
     return proc.stdout
 
 
+def _fields_at(rev: str) -> set[str] | None:
+    """The CRD source's field paths at ``rev``; None where the file is not at that path (before it moved there)."""
+    proc = subprocess.run(["git", "-C", str(REPO), "show", f"{rev}:{CRD_SOURCE}"], capture_output=True, check=False)
+    return field_paths(yaml.safe_load(proc.stdout)) if proc.returncode == 0 else None
+
+
 def previous_chart(dest: Path) -> tuple[str, Path]:
-    """The chart as of the commit before the CRD source's last change: (that commit, its chart folder)."""
-    last = git("log", "-1", "--format=%H", "--", CRD_SOURCE).decode().strip()
-    rev = git("rev-parse", f"{last}^").decode().strip()
+    """The chart as of the commit before the last change to the CRD's fields: (that commit, its chart folder). A
+    change of descriptions only adds no field to look for, so it does not count."""
+    rev = ""
+    for last in git("log", "--format=%H", "--", CRD_SOURCE).decode().split():
+        rev = git("rev-parse", f"{last}^").decode().strip()
+        before = _fields_at(rev)
+        if before is None or before != _fields_at(last):
+            break
+    assert rev, f"{CRD_SOURCE} has no history"
     with tarfile.open(fileobj=io.BytesIO(git("archive", rev, "charts/ddpjob-operator"))) as tar:
         tar.extractall(dest, filter="data")
     return rev, dest / "charts" / "ddpjob-operator"
