@@ -67,7 +67,7 @@ cluster-up: venv $(if $(filter 0,$(ADDONS)),core-tools,tools) ## Start the local
 
 .PHONY: cluster-down
 .PHONY: disk
-disk: ## Show what the builds and tests keep on disk, place by place; exit 1 over DDPJOB_DISK_BUDGET_GB (default 60)
+disk: ## Show what the builds and tests keep on disk, place by place; exit 1 over DDPJOB_DISK_BUDGET_GB (default 70)
 	@bash hack/disk.sh
 
 cluster-down: ## Stop the local control plane and remove its state (no process or port left)
