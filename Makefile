@@ -65,11 +65,11 @@ cluster-up: venv $(if $(filter 0,$(ADDONS)),core-tools,tools) ## Start the local
 	@$(if $(filter real,$(NODE)),$(MAKE) --no-print-directory node-tools)
 	@$(PY) -m tests.cluster up --dir $(CLUSTER_DIR) $(if $(filter real,$(NODE)),--real-node --nodes $(NODES)) $(if $(filter 0,$(ADDONS)),--no-addons)
 
-.PHONY: cluster-down
 .PHONY: disk
 disk: ## Show what the builds and tests keep on disk, place by place; exit 1 over DDPJOB_DISK_BUDGET_GB (default 70)
 	@bash hack/disk.sh
 
+.PHONY: cluster-down
 cluster-down: ## Stop the local control plane and remove its state (no process or port left)
 	@if [ -x $(PY) ]; then $(PY) -m tests.cluster down --dir $(CLUSTER_DIR); else python3 -m tests.cluster down --dir $(CLUSTER_DIR); fi
 

@@ -24,20 +24,24 @@ from tests.cluster.node import NODE_IP, NodeState
 from tests.cluster.pki import serving_cert
 
 
-def _config(root: Path, name: str, addr: str, tls: tuple[Path, Path] | None) -> Path:
+def serve(root: Path, name: str, addr: str, tls: tuple[Path, Path] | None = None,
+          delete: bool = False) -> subprocess.Popen[bytes]:
+    """`registry serve` of ``root``/data on ``addr`` (TLS with the (cert, key) given), its config and log named
+    ``name`` under ``root``; ``delete``: manifests and blobs may be deleted through the API."""
     http: dict[str, object] = {"addr": addr}
     if tls:
         http["tls"] = {"certificate": str(tls[0]), "key": str(tls[1])}
-    path = root / f"{name}.yml"
-    path.write_text(yaml.safe_dump({
-        "version": 0.1, "log": {"level": "warn"},
-        "storage": {"filesystem": {"rootdirectory": str(root / "data")}},
-        "http": http,
-    }))
-    return path
+    storage: dict[str, object] = {"filesystem": {"rootdirectory": str(root / "data")}}
+    if delete:
+        storage["delete"] = {"enabled": True}
+    config = root / f"{name}.yml"
+    config.write_text(yaml.safe_dump({"version": 0.1, "log": {"level": "warn"}, "storage": storage, "http": http}))
+    with open(root / f"{name}.log", "w") as log:
+        return subprocess.Popen([str(tool("registry")), "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
 
 
-def _answers(url: str, ca: Path | None = None) -> bool:
+def answers(url: str, ca: Path | None = None) -> bool:
+    """The registry at ``url`` (its /v2/) answers 200; ``ca``: the CA its TLS certificate is checked against."""
     context = ssl.create_default_context(cafile=str(ca)) if ca else None
     try:
         with urllib.request.urlopen(url, timeout=5, context=context) as resp:
@@ -67,13 +71,9 @@ class Registry:
         reg = cls(tls_host=f"{NODE_IP}:{free_port()}", push_host=f"127.0.0.1:{free_port()}", ca=pki / "ca.crt",
                   root=root)
         try:
-            for name, addr, tls in (("tls", reg.tls_host, (cert, key)), ("push", reg.push_host, None)):
-                with open(root / f"{name}.log", "w") as log:
-                    reg.procs.append(subprocess.Popen([str(tool("registry")), "serve",
-                                                       str(_config(root, name, addr, tls))],
-                                                      stdout=log, stderr=subprocess.STDOUT))
-            wait_for(lambda: _answers(f"https://{reg.tls_host}/v2/", reg.ca)
-                     and _answers(f"http://{reg.push_host}/v2/"), timeout=timeout,
+            reg.procs += [serve(root, "tls", reg.tls_host, (cert, key)), serve(root, "push", reg.push_host)]
+            wait_for(lambda: answers(f"https://{reg.tls_host}/v2/", reg.ca)
+                     and answers(f"http://{reg.push_host}/v2/"), timeout=timeout,
                      describe="the registry answering /v2/ on both addresses", state=reg.logs)
             reg.trust_on_nodes(cluster_dir)
         except BaseException:
@@ -95,8 +95,9 @@ class Registry:
 
     def untrust_on_nodes(self, cluster_dir: Path) -> None:
         ns = NodeState.load(cluster_dir.resolve())
-        for k in range(ns.nodes if ns else 0):
-            assert ns is not None
+        if ns is None:  # the nodes are gone, and their hosts directories with them
+            return
+        for k in range(ns.nodes):
             shutil.rmtree(hosts_dir(ns, k) / self.tls_host, ignore_errors=True)
 
     def logs(self) -> str:

@@ -16,6 +16,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,9 +78,8 @@ def _node_images(cluster_dir: Path) -> dict[str, set[str]]:
                                     "ls", "-q").split()) for k in range(ns.nodes)}
 
 
-def _pods(cluster: Cluster, ns: str, *selector: str) -> list[dict[str, object]]:
-    items: list[dict[str, object]] = json.loads(cluster.kubectl("get", "pods", "-n", ns, *selector, "-o",
-                                                                "json").stdout)["items"]
+def _pods(cluster: Cluster, ns: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(cluster.kubectl("get", "pods", "-n", ns, "-o", "json").stdout)["items"]
     return items
 
 
@@ -110,11 +110,9 @@ def test_helm_install_from_oci_with_one_value_pulls_from_the_registry_and_trains
         # What ran came from the registry, and each node that ran it holds it under the registry's name.
         cluster_dir = Path(cluster.kubeconfig).resolve().parent
         held = _node_images(cluster_dir)
-        ran = [(p, "operator") for p in _pods(cluster, t.OPERATOR_NS)] + [(p, "job") for p in _pods(cluster, ns)]
         refs: dict[str, set[str]] = {}
-        for pod, _ in ran:
+        for pod in [*_pods(cluster, t.OPERATOR_NS), *_pods(cluster, ns)]:
             spec = pod["spec"]
-            assert isinstance(spec, dict)
             for c in [*spec.get("initContainers", []), *spec["containers"]]:
                 if c["image"].startswith(f"{source}/"):
                     refs.setdefault(c["image"], set()).add(spec["nodeName"])

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from tests.cluster.controlplane import free_port, tool
+from tests.cluster.registry import answers, serve
 from tests.conftest import wait_for
 from tests.images.test_images import docker, skip_unless_built
 
@@ -40,16 +41,9 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A registry on a loopback port (Docker and Helm talk plain HTTP to 127.0.0.0/8); its host:port."""
     root = tmp_path_factory.mktemp("registry")
     port = free_port()
-    config = root / "config.yml"
-    config.write_text(yaml.safe_dump({
-        "version": 0.1, "log": {"level": "warn"},
-        "storage": {"filesystem": {"rootdirectory": str(root / "data")}, "delete": {"enabled": True}},
-        "http": {"addr": f"127.0.0.1:{port}"},
-    }))
-    with open(root / "registry.log", "w") as log:
-        proc = subprocess.Popen([str(tool("registry")), "serve", str(config)], stdout=log, stderr=subprocess.STDOUT)
+    proc = serve(root, "registry", f"127.0.0.1:{port}", delete=True)
     try:
-        wait_for(lambda: _get(f"http://127.0.0.1:{port}/v2/") is not None, timeout=30,
+        wait_for(lambda: answers(f"http://127.0.0.1:{port}/v2/"), timeout=30,
                  describe="the registry answering /v2/", state=lambda: (root / "registry.log").read_text())
         yield f"127.0.0.1:{port}"
     finally:
