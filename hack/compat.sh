@@ -114,6 +114,13 @@ except (OSError, ET.ParseError):
 EOF
 }
 
+# failure_reports LOG: the failure reports of one release's pytest log (each failed test's traceback and the log
+# tails tests/worker/conftest.py adds), at most COMPAT_REPORT_LINES lines (default 800). CI keeps only the output
+# of `make test`, not .out/: a flaky failure under an older torch showed nothing but its one-line reason.
+failure_reports() {
+  sed -n '/^=* FAILURES =*$/,/^=* short test summary info =*$/p' "$1" | head -n "${COMPAT_REPORT_LINES:-800}" || true
+}
+
 # run_version VERSION: its venv (built if needed), its probe line, its tests; appends its row to ROWS.
 run_version() {
   local version=$1 t0 venv py rc=0 seconds passed nfailed skipped
@@ -142,6 +149,7 @@ run_version() {
   if [ "$rc" != 0 ]; then
     FAILED=1
     grep -E '^(FAILED|ERROR) ' "$OUT/torch-$version.log" >&2 || tail -n 20 "$OUT/torch-$version.log" >&2
+    failure_reports "$OUT/torch-$version.log" >&2
   fi
   ROWS+=("$(printf '%-8s  %-20s  %6s  %6s  %7s  %7s' "$version" "$venv" "$passed" "$nfailed" "$skipped" "$seconds")")
   if [ -n "${DDPJOB_TIMINGS:-}" ]; then

@@ -47,7 +47,7 @@ def tool(name: str) -> Path:
         "etcd": v["ETCD_VERSION"],
         "kwok": v["KWOK_VERSION"],
         "helm": v["HELM_VERSION"],
-        "coredns": v["COREDNS_VERSION"],
+        "coredns": f"{v['COREDNS_VERSION']}-{v['COREDNS_PLUGIN_SET']}",
         "scheduler-plugins": v["SCHEDULER_PLUGINS_VERSION"],
         "kueue": v["KUEUE_VERSION"],
         "promtool": v["PROMETHEUS_VERSION"],

@@ -99,7 +99,8 @@ def _render(name: str, dest: Path, **values: object) -> Path:
 def _node_tool(name: str) -> Path:
     """kubelet, kube-proxy, coredns: built by `hack/install-tools.sh --node` (controlplane.tool() omits --node)."""
     v = cp.versions()
-    version = v["COREDNS_VERSION"] if name == "coredns" else v["KUBERNETES_VERSION"]
+    # CoreDNS's directory also names its plugin set (hack/versions.env, COREDNS_PLUGIN_SET).
+    version = f"{v['COREDNS_VERSION']}-{v['COREDNS_PLUGIN_SET']}" if name == "coredns" else v["KUBERNETES_VERSION"]
     cache = Path(os.environ.get("DDPJOB_CACHE", Path.home() / ".cache" / "ddpjob"))
     path = cache / "bin" / f"{name}-{version}" / name
     if not path.exists():

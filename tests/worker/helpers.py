@@ -7,8 +7,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,20 @@ PY = sys.executable
 #: A tiny charlm: a few seconds per run on a loaded 2-core machine.
 TINY = ["--d-model", "32", "--layers", "1", "--heads", "2", "--seq-len", "32", "--batch-size", "8",
         "--seed", "7", "--log-every", "1"]
+
+
+#: TCPStore's constructor releases the GIL, and pybind11 registers objects built that way in several threads at once
+#: racily: the process aborts later when one is freed ("Tried to deallocate unregistered instance!", pytorch#143593,
+#: pybind11#5473). Tests that give each thread its own client build them one at a time.
+_STORE_INIT = threading.Lock()
+
+
+def store_client(port: int, timeout: timedelta) -> Any:
+    """A torch TCPStore client of 127.0.0.1:port, safe to build from several threads at once."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]  # public, re-exported from torch._C
+
+    with _STORE_INIT:
+        return TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.1) -> Any:
@@ -101,6 +117,17 @@ class LocalJob:
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in sorted((self.workdir / "logs").glob("*.log")))
 
+    def tails(self, chars: int = 3000) -> str:
+        """The last ``chars`` of each process's log, each under its name: for an assertion's message, where the
+        tail of all logs joined would show only the last agent's (an exit 200 of worker 0 once came with worker 1's
+        log alone, and CI keeps nothing but its output)."""
+        parts = []
+        for log in sorted((self.workdir / "logs").glob("*.log")):
+            text = log.read_text(errors="replace")
+            cut = f"[... {len(text) - chars} characters left out]\n" if len(text) > chars else ""
+            parts.append(f"--- {log.name} ---\n{cut}{text[-chars:]}")
+        return "\n".join(parts)
+
     def training_pid(self, agent: subprocess.Popen[bytes], timeout: float = 60) -> int:
         pids = wait_until(lambda: procs.training_processes(agent.pid), timeout, "the agent's training process")
         self.orphans.update(pids)
@@ -123,5 +150,5 @@ def wait_exit(proc: subprocess.Popen[bytes], timeout: float, job: LocalJob) -> i
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
-        logs = job.logs()[-6000:]
+        logs = job.tails()
         raise AssertionError(f"process {proc.pid} still running after {timeout}s; logs:\n{logs}") from None

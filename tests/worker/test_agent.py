@@ -26,10 +26,10 @@ def test_failed_agent_leaves_the_rendezvous_open_for_its_replacement(job: LocalJ
     log = job.workdir / "termination-0"
     failed = job.agent(0, OUTCOME, nnodes="1", max_restarts=0, OUTCOME="sigkill",
                        DDPJOB_TERMINATION_LOG=str(log))
-    assert wait_exit(failed, 120, job) == 137, job.logs()[-3000:]
+    assert wait_exit(failed, 120, job) == 137, job.tails()
     assert log.read_text() == "killed by signal SIGKILL (rank 0, exit code 137)\n"
     replacement = job.agent(0, OUTCOME, nnodes="1", max_restarts=0, OUTCOME="ok")
-    assert wait_exit(replacement, 150, job) == 0, job.logs()[-3000:]
+    assert wait_exit(replacement, 150, job) == 0, job.tails()
     assert "OUTCOME ok rank 0" in job.logs()
 
 
@@ -39,9 +39,9 @@ def test_an_agent_that_starts_after_the_job_finished_exits_0(job: LocalJob) -> N
     container that came up late: the hot-spare test saw it under load) finds it closed when it joins. The job is
     done: it exits 0, not 200 ("rendezvous lost"), which would ask for yet another replacement."""
     first = job.agent(0, OUTCOME, nnodes="1", max_restarts=0, OUTCOME="ok")
-    assert wait_exit(first, 150, job) == 0, job.logs()[-3000:]
+    assert wait_exit(first, 150, job) == 0, job.tails()
     late = job.agent(1, OUTCOME, nnodes="1", max_restarts=0, OUTCOME="ok")
-    assert wait_exit(late, 150, job) == 0, job.logs()[-3000:]
+    assert wait_exit(late, 150, job) == 0, job.tails()
     assert "the rendezvous was closed before this pod joined: the job is done" in job.log(1).read_text()
     assert job.logs().count("OUTCOME ok rank 0") == 1, "the late pod ran the script again"
 
@@ -51,7 +51,7 @@ def test_script_exception_is_the_termination_message(job: LocalJob) -> None:
     """A plain script (no @record of its own) still reports its exception, through the recorded runner."""
     log = job.workdir / "termination-0"
     agent = job.agent(0, OUTCOME, nnodes="1", max_restarts=0, OUTCOME="raise", DDPJOB_TERMINATION_LOG=str(log))
-    assert wait_exit(agent, 100, job) == 1, job.logs()[-3000:]
+    assert wait_exit(agent, 100, job) == 1, job.tails()
     assert log.read_text() == "ValueError: learning rate must be positive, got -0.1 (rank 0, exit code 1)\n"
 
 
@@ -71,7 +71,7 @@ def test_survivor_restarts_for_a_lost_peer_without_using_its_restarts(job: Local
     wait_until(lambda: "because a peer was lost" in job.log(0).read_text(), 60, "agent 0 to see the peer loss")
     replacement = job.agent(1, command, max_restarts=0)
     for a in (agents[0], replacement):
-        assert wait_exit(a, 200, job) == 0, job.logs()[-4000:]
+        assert wait_exit(a, 200, job) == 0, job.tails()
     survivor = job.log(0).read_text()
     assert "restarting it without using one of the 0 restarts" in survivor
     assert "resumed from checkpoint step-" in job.logs()
@@ -90,25 +90,25 @@ def test_hot_spare_takes_a_deleted_pods_place_at_once_and_exits_0_at_the_end(job
     joined = "rendezvous complete: this pod is in the group"
     training = [i for i in range(3) if joined in job.log(i).read_text()]
     spare = next(i for i in range(3) if i not in training)
-    assert len(training) == 2, job.logs()[-3000:]
+    assert len(training) == 2, job.tails()
     victim = training[-1]
     before = job.log(spare).read_text().count(joined)
     t0 = time.monotonic()
     os.kill(agents[victim].pid, signal.SIGTERM)
     wait_until(lambda: job.log(spare).read_text().count(joined) > before, 60, "the spare to join the next group")
     took = time.monotonic() - t0
-    assert took < 14, f"the spare joined {took:.1f}s after the SIGTERM\n{job.logs()[-4000:]}"
+    assert took < 14, f"the spare joined {took:.1f}s after the SIGTERM\n{job.tails()}"
     assert "left the rendezvous round" in job.log(victim).read_text()
     assert wait_exit(agents[victim], 60, job) == 143
     replacement = job.agent(victim, command)  # what the operator does: it becomes the next spare
     survivor = next(i for i in training if i != victim)
     for proc in (agents[survivor], agents[spare], replacement):
-        assert wait_exit(proc, 240, job) == 0, job.logs()[-4000:]
+        assert wait_exit(proc, 240, job) == 0, job.tails()
     # The replacement waited as the spare of the end, or (its start slowed by a loaded machine) came up after the
     # job finished: either way the job is done without it.
     late = job.log(victim).read_text()
     assert ("the rendezvous closed while this pod waited as a hot spare" in late
-            or "the rendezvous was closed before this pod joined" in late), job.logs()[-4000:]
+            or "the rendezvous was closed before this pod joined" in late), job.tails()
     assert job.log(survivor).read_text().count(joined) == 2, "a waiting node restarted the full group"
 
 
@@ -124,7 +124,7 @@ def test_a_group_whose_store_never_comes_back_trains_to_the_end(job: LocalJob) -
     job.progress_at_least(6, 150)
     os.kill(job.rdzv.pid, signal.SIGKILL)
     for proc in agents:
-        assert wait_exit(proc, 200, job) == 0, job.logs()[-3000:]
+        assert wait_exit(proc, 200, job) == 0, job.tails()
     assert job.progress_at_least(150, 1)["globalStep"] >= 150
     logs = job.logs()
     assert "the rendezvous store is unreachable" in logs and "not waiting for the other agents" in logs
@@ -152,7 +152,7 @@ def test_a_restart_request_restarts_a_hung_group_in_place_from_its_checkpoint(jo
         f.with_suffix(".tmp").write_text(request.text())
         f.with_suffix(".tmp").rename(f)
     for a in agents:
-        assert wait_exit(a, 200, job) == 0, job.logs()[-4000:]
+        assert wait_exit(a, 200, job) == 0, job.tails()
     logs = job.logs()
     assert logs.count("the operator asked this group to restart in place (incident #7") == 2, logs[-4000:]
     assert "resumed from checkpoint step-" in logs

@@ -23,7 +23,7 @@ def test_a_cold_start_runs_and_the_probe_is_logged_once(job: LocalJob) -> None:
     the arguments this torch takes (torch 2.6's has no numa_options: every cold start raised TypeError); a second
     start (the restart after the first run's failure) is cold too."""
     agent = job.agent(0, OUTCOME, nnodes="1", max_restarts=1, OUTCOME="raise", DDPJOB_WARM_TRAINERS="0")
-    assert wait_exit(agent, 150, job) == 1, job.logs()[-3000:]
+    assert wait_exit(agent, 150, job) == 1, job.tails()
     log = job.log(0).read_text()
     assert log.count("OUTCOME raise rank 0") == 2, log[-3000:]  # the first start and the restart both ran
     assert "TypeError" not in log, log[-3000:]

@@ -55,7 +55,7 @@ def test_a_frozen_pod_is_removed_within_the_peer_timeout_and_the_spare_takes_its
     agents = start(job, charlm(60), 3)
     job.progress_at_least(8, 150)
     training = in_group(job, 3)
-    assert len(training) == 2, job.logs()[-3000:]
+    assert len(training) == 2, job.tails()
     victim, survivor = training[-1], training[0]
     spare = next(i for i in range(3) if i not in training)
     tree = freeze(job, agents[victim].pid, signal.SIGSTOP)
@@ -71,12 +71,12 @@ def test_a_frozen_pod_is_removed_within_the_peer_timeout_and_the_spare_takes_its
     assert "silent for" in survivor_log and f"(peerTimeoutSeconds {BUDGET})" in survivor_log, survivor_log[-3000:]
     assert REFORM in survivor_log, survivor_log[-3000:]
     # Detection (the budget and a poll), the eviction, the survivor's kill and the new round (a poll or two).
-    assert took < BUDGET + 6, f"the spare joined {took:.1f}s after the freeze\n{job.logs()[-4000:]}"
+    assert took < BUDGET + 6, f"the spare joined {took:.1f}s after the freeze\n{job.tails()}"
     # Thawed, the frozen pod finds itself out of the round: it kills its trainer and waits as the next spare.
     wait_until(lambda: "this pod was removed from its rendezvous round" in job.log(victim).read_text(), 60,
                "the thawed pod to see that it was removed")
     for i in (survivor, spare, victim):
-        assert wait_exit(agents[i], 240, job) == 0, job.logs()[-4000:]
+        assert wait_exit(agents[i], 240, job) == 0, job.tails()
     assert "resumed from checkpoint step-" in job.log(survivor).read_text()
     print(f"frozen pod: the spare joined the group {took:.1f}s after the freeze (peer timeout {BUDGET}s)")
 
@@ -87,13 +87,13 @@ def test_a_slow_rank_and_a_briefly_frozen_agent_are_not_taken_for_dead(job: Loca
     beats on. Then an agent is frozen for half the budget. Neither restarts anything: one group from start to end."""
     agents = start(job, charlm(40, "--pause-at-step", "12", "--pause-seconds", str(3 * BUDGET)), 2)
     job.progress_at_least(14, 200)
-    assert "pausing" in job.logs(), job.logs()[-3000:]
+    assert "pausing" in job.logs(), job.tails()
     tree = freeze(job, agents[0].pid, signal.SIGSTOP)
     time.sleep(BUDGET / 2)
     freeze(job, agents[0].pid, signal.SIGCONT)
     assert tree
     for agent in agents:
-        assert wait_exit(agent, 200, job) == 0, job.logs()[-4000:]
+        assert wait_exit(agent, 200, job) == 0, job.tails()
     logs = job.logs()
     assert REFORM not in logs and "silent for" not in logs, logs[-4000:]
     assert all(job.log(i).read_text().count(JOINED) == 1 for i in range(2)), logs[-4000:]

@@ -15,7 +15,7 @@ import pytest
 from ddpjob_worker.replication import groupsync, replicator
 from ddpjob_worker.replication.replicator import Replicator
 
-from tests.worker.helpers import wait_until
+from tests.worker.helpers import store_client, wait_until
 
 pytestmark = pytest.mark.torchrun  # threads, sockets and a c10d store, like the torchrun tests
 
@@ -123,14 +123,12 @@ def test_deletions_and_keep_follow_the_writer(pods: Pods) -> None:
 
 def sync_all(pods: Pods, master: object) -> list[groupsync.SyncPlan]:
     """Every pod's sync at once, each agent with its own connection to the round's store (as in pods)."""
-    from torch.distributed import TCPStore  # type: ignore[attr-defined]
-
     plans: list[groupsync.SyncPlan | Exception] = [Exception("not run")] * len(pods.reps)
     port = master.port  # type: ignore[attr-defined]
 
     def one(i: int) -> None:
         try:
-            store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=30))
+            store = store_client(port, timedelta(seconds=30))
             plans[i] = groupsync.sync(pods.reps[i], store, i, len(pods.reps), timeout=30)  # type: ignore[arg-type]
         except Exception as err:
             plans[i] = err

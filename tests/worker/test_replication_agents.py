@@ -46,7 +46,7 @@ class Pods:
 
 def final_digest(job: LocalJob) -> str:
     found = re.findall(r"FINAL ([0-9a-f]{64})", job.logs())
-    assert found, job.logs()[-4000:]
+    assert found, job.tails()
     return str(found[-1])
 
 
@@ -71,7 +71,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
         pods = Pods(job)
         agents = [pods.start(i, 0.0) for i in range(2)]
         for a in agents:
-            assert wait_exit(a, 300, job) == 0, job.logs()[-4000:]
+            assert wait_exit(a, 300, job) == 0, job.tails()
         return final_digest(job)
     finally:
         job.close()
@@ -92,7 +92,7 @@ def test_a_kill_and_a_lost_pod_resume_every_rank_from_the_same_checkpoint(job: L
     shutil.rmtree(pods.folder(1))
     agents[1] = pods.start(1, 0.0)
     for a in agents:
-        assert wait_exit(a, 400, job) == 0, job.logs()[-6000:]
+        assert wait_exit(a, 400, job) == 0, job.tails()
     first, second = resumes(job, 0), resumes(job, 1)
     assert len(first) == len(second) == 3, (first, second)
     assert first[0] == second[0] == "none"

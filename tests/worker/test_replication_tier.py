@@ -18,7 +18,7 @@ from ddpjob_worker.replication.replicator import Replicator
 from ddpjob_worker.replication.tier import Tier
 
 from tests.cluster.objectstore import S3Server, weed_binary
-from tests.worker.helpers import wait_until
+from tests.worker.helpers import store_client, wait_until
 from tests.worker.test_replication import hf_checkpoint
 
 pytestmark = [pytest.mark.objectstore, pytest.mark.xdist_group("objectstore")]
@@ -77,7 +77,7 @@ class Job:
         out: list[Any] = [None] * self.n
 
         def one(i: int) -> None:
-            store = TCPStore("127.0.0.1", master.port, is_master=False, timeout=timedelta(seconds=60))
+            store = store_client(master.port, timedelta(seconds=60))
             try:
                 out[i] = groupsync.sync(self.pods[i][0], store, i, self.n,  # type: ignore[arg-type]
                                         remote=self.pods[i][1], timeout=60)

@@ -25,7 +25,7 @@ CHARLM = ["python", "-m", "ddpjob_worker.examples.charlm", *TINY, "--epochs", "2
 def run_uninterrupted(job: LocalJob, final: str) -> dict[str, torch.Tensor]:
     agents = [job.agent(i, [*CHARLM, "--save-final", final]) for i in range(2)]
     for a in agents:
-        assert wait_exit(a, 240, job) == 0, job.logs()[-4000:]
+        assert wait_exit(a, 240, job) == 0, job.tails()
     params: dict[str, torch.Tensor] = torch.load(job.workdir / final, weights_only=True)
     return params
 
@@ -63,7 +63,7 @@ def test_kill9_worker_mid_epoch_resumes_bitwise_identical(job: LocalJob, referen
     victim = job.training_pid(agents[1])  # looked up now: the process that is training at this moment
     os.kill(victim, signal.SIGKILL)
     for a in agents:
-        assert wait_exit(a, 240, job) == 0, job.logs()[-4000:]
+        assert wait_exit(a, 240, job) == 0, job.tails()
     logs = job.logs()
     assert "resumed from checkpoint step-" in logs and "of the epoch" in logs
     resumed = [line for line in logs.splitlines() if "resumed from checkpoint" in line]
@@ -86,7 +86,7 @@ def test_lost_agent_is_replaced_and_training_finishes(job: LocalJob) -> None:
         os.kill(pid, signal.SIGKILL)
     replacement = job.agent(1, command)
     for a in (agents[0], replacement):
-        assert wait_exit(a, 240, job) == 0, job.logs()[-4000:]
+        assert wait_exit(a, 240, job) == 0, job.tails()
     logs = job.logs()
     assert "resumed from checkpoint step-" in logs
     assert (job.ckpt_dir / "step-12" / "COMPLETE.json").is_file()  # 2 epochs x 6 steps, nothing repeated
@@ -102,7 +102,7 @@ def test_per_pod_volumes_kill9_worker_resumes_from_checkpoint_bitwise_identical(
     job.progress_at_least(3, 120)  # after checkpoint step-2, before the epoch's end (step 6)
     os.kill(job.training_pid(agents[1]), signal.SIGKILL)
     for a in agents:
-        assert wait_exit(a, 240, job) == 0, job.logs()[-4000:]
+        assert wait_exit(a, 240, job) == 0, job.tails()
     resumed = [line for line in job.logs().splitlines() if "resumed from checkpoint step-" in line]
     assert resumed and all("(local copy)" in line for line in resumed), resumed  # both pods had their copy
     assert_bitwise_equal(reference, torch.load(job.workdir / "final.pt", weights_only=True))
@@ -124,9 +124,9 @@ def test_per_pod_volumes_replaced_pod_receives_the_state_from_its_peer(
     shutil.rmtree(pod_dir(job, 1))  # the replacement pod gets a new, empty emptyDir
     replacement = job.agent(1, command, DDPJOB_CHECKPOINT_DIR=str(pod_dir(job, 1)))
     for a in (agents[0], replacement):
-        assert wait_exit(a, 240, job) == 0, job.logs()[-4000:]
+        assert wait_exit(a, 240, job) == 0, job.tails()
     received = re.findall(r"resumed from checkpoint step-(\d+) \(received from rank \d\)", job.logs())
-    assert received and int(received[0]) >= 2, job.logs()[-4000:]  # the peer's checkpoint, not step 0
+    assert received and int(received[0]) >= 2, job.tails()  # the peer's checkpoint, not step 0
     assert_bitwise_equal(reference, torch.load(job.workdir / "final.pt", weights_only=True))
     assert steps_in(pod_dir(job, 1))[-1] == 12
 
@@ -148,6 +148,6 @@ def test_hang_flag_hangs_every_rank_once_without_changing_the_math(
     for pid in trainers:
         os.kill(pid, signal.SIGKILL)
     for a in agents:
-        assert wait_exit(a, 240, job) == 0, job.logs()[-4000:]
+        assert wait_exit(a, 240, job) == 0, job.tails()
     assert "resumed from checkpoint step-4" in job.logs()
     assert_bitwise_equal(reference, torch.load(job.workdir / "final.pt", weights_only=True))

@@ -50,7 +50,7 @@ def test_store_loss_keeps_the_group_training_and_the_spare_waiting(job: LocalJob
         os.kill(pid, signal.SIGKILL)
     wait_until(lambda: procs.training_processes(agents[spare].pid), 120, "the spare to take the lost pod's place")
     for i in (min(training), spare):
-        assert wait_exit(agents[i], 300, job) == 0, job.logs()[-4000:]
+        assert wait_exit(agents[i], 300, job) == 0, job.tails()
 
 
 @pytest.mark.timeout(240)
@@ -81,6 +81,6 @@ def test_sigterm_while_the_agent_reconnects_to_the_store_stops_the_pod_within_it
     job.start_store()  # the store is back while that attempt still retries
     code = wait_exit(agents[0], budget + 15, job)
     elapsed = time.monotonic() - sent
-    assert code == 143, f"exit code {code}; logs:\n{job.logs()[-4000:]}"
+    assert code == 143, f"exit code {code}; logs:\n{job.tails()}"
     assert elapsed < budget, f"took {elapsed:.1f}s, budget {budget}s"
     assert "preempted: checkpoint step-" in job.log(0).read_text()

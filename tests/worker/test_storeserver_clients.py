@@ -136,9 +136,9 @@ def test_a_wait_is_released_by_another_clients_set(server: Server, libuv: bool) 
 
 def test_many_clients_at_once(server: Server) -> None:
     """64 torch clients connected and waiting on the same keys at once, released together by the last one's set.
-    They run in a child process (scripts/many_store_clients.py), connecting in waves of 16: torch 2.6's C++ client
-    aborted the pytest process once under load with 64 handshakes at once; a crash there is now this test's failure,
-    with the child's output and the server's state, and the waves keep the 64 connections and waits simultaneous."""
+    They run in a child process (scripts/many_store_clients.py), connecting in waves of 16 with one constructor at a
+    time: TCPStore's constructor in several threads at once can abort the process when a store is freed (pybind11's
+    race, pytorch#143593); a crash is this test's failure with the child's output and the server's state."""
     count = 64
     child = subprocess.run([sys.executable, str(SCRIPTS / "many_store_clients.py"), str(server.port), str(count), "16"],
                            capture_output=True, text=True, timeout=240, check=False)

@@ -22,7 +22,7 @@ SCRIPT = str(Path(tutorial.__file__))
 def test_tutorial_script_runs_unmodified_under_ddp_worker(job: LocalJob) -> None:
     agents = [job.agent(i, ["python", SCRIPT, "3", "1", "--batch_size", "64"]) for i in range(2)]
     for a in agents:
-        assert wait_exit(a, 150, job) == 0, job.logs()[-4000:]
+        assert wait_exit(a, 150, job) == 0, job.tails()
     snapshot = torch.load(job.workdir / "snapshot.pt", weights_only=True)
     assert snapshot["EPOCHS_RUN"] == 2
     logs = job.logs()
@@ -40,7 +40,7 @@ def test_a_script_with_its_own_reporter_keeps_its_report(job: LocalJob) -> None:
     args = ["python", "-m", "ddpjob_worker.examples.charlm", *TINY, "--epochs", "1", "--steps-per-epoch", "6"]
     agents = [job.agent(i, args) for i in range(2)]
     for a in agents:
-        assert wait_exit(a, 150, job) == 0, job.logs()[-4000:]
+        assert wait_exit(a, 150, job) == 0, job.tails()
     progress = read_json(job.progress)
     assert progress["source"] == "Reporter" and progress["globalStep"] == 6 and progress["epoch"] == 1, progress
 

@@ -24,7 +24,7 @@ def test_restart_runs_in_the_prestarted_trainer_which_dies_with_its_agent(job: L
     job.progress_at_least(6, 120)
     # The first trainer was started by the launcher before it imported torch, and the agent kept it.
     log = job.log(0)
-    assert f"local rank 0: trainer pre-started at launch (pid {first})" in log.read_text(), job.logs()[-3000:]
+    assert f"local rank 0: trainer pre-started at launch (pid {first})" in log.read_text(), job.tails()
     assert f"local rank 0: keeping the trainer pre-started at launch (pid {first})" in log.read_text()
     # The first start took the trainer started with the agent; the next one follows REFILL_DELAY_SECONDS later.
     waiting = wait_until(lambda: procs.standbys(agent.pid, ready=True), 90, "a pre-started trainer")
@@ -35,7 +35,7 @@ def test_restart_runs_in_the_prestarted_trainer_which_dies_with_its_agent(job: L
     os.kill(first, signal.SIGKILL)
     second = wait_until(lambda: [p for p in procs.training_processes(agent.pid) if p != first], 90,
                         "the restarted trainer")
-    assert second == waiting, job.logs()[-3000:]  # the very process that waited, not a new one
+    assert second == waiting, job.tails()  # the very process that waited, not a new one
     assert procs.comm(second[0]) != contract.STANDBY_PROCESS_NAME
     line = f"the pre-started trainer (pid {second[0]}) takes this rank (its imports were done)"
     wait_until(lambda: line in log.read_text(), 30, "the agent's log line")

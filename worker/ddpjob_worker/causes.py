@@ -39,6 +39,7 @@ _PEER_LOSS = [re.compile(p, re.IGNORECASE) for p in (
     r"remote process exited or there was a network error",
     r"Watchdog caught collective operation timeout",
     r"NCCL communicator was aborted",
+    r"\bPeerStopped\b",  # a framework stopped this rank because a peer was stopped (ddpjob_worker.frameworks)
 )]
 
 

@@ -15,11 +15,12 @@ container exits with the root cause, and writes it as one line to the terminatio
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ddpjob_worker import causes, contract, replication, termlog, warm
 from ddpjob_worker.logs import get_logger
@@ -147,5 +148,18 @@ def _run(args: Any, run: Any) -> int:
         return code
     return 0
 
+def leave(code: int) -> NoReturn:
+    """Exit with ``code`` without the interpreter's teardown, which can abort the agent: torch's keep-alive and the
+    store keeper's threads may still be inside torch's C++ (a store call to a lost store), and the finalizing
+    interpreter ends such a thread with an unwind that C++ turns into std::terminate (SIGABRT: exit -6 instead of
+    143, seen in CI on 2026-12-06). Everything the agent owns has ended by now (its workers, the replication
+    runtime); only the logs and the standard streams need flushing."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    leave(main())

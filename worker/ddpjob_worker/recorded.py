@@ -17,13 +17,25 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import NoReturn
 
-from ddpjob_worker import contract
+from ddpjob_worker import contract, frameworks
 
 _USAGE = "usage: python -m ddpjob_worker.recorded (--module MODULE | SCRIPT) [ARGS...]"
 
 
 def _run(target: str, as_module: bool, args: list[str]) -> None:
-    """Execute ``target`` the way ``python [-m] target args`` would (sys.argv, sys.path[0], ``__main__``)."""
+    """Execute ``target`` the way ``python [-m] target args`` would (sys.argv, sys.path[0], ``__main__``); an exit
+    by which the script's framework says that a peer rank was stopped becomes a failure (frameworks.PeerStopped),
+    so that the agent re-forms the group instead of taking this rank for finished."""
+    try:
+        _run_script(target, as_module, args)
+    except SystemExit as stop:
+        why = frameworks.peer_stopped(stop)
+        if why is None:
+            raise
+        raise frameworks.PeerStopped(why) from None
+
+
+def _run_script(target: str, as_module: bool, args: list[str]) -> None:
     if as_module:
         sys.argv = [target, *args]  # runpy replaces argv[0] with the module's file, as python -m does
         runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -109,29 +121,28 @@ def leave(code: int) -> NoReturn:
 
 
 def cli() -> None:
-    """``python -m ddpjob_worker.recorded``: main(), and a trainer that failed (an exception, or a non-zero exit
-    such as 143 after its SIGTERM checkpoint) leaves at once (leave). Success exits the normal way, except on the
-    torches whose gloo teardown may hang (compat.keep_process_groups): it leaves too, freeing no process group."""
+    """``python -m ddpjob_worker.recorded``: main(), and the trainer leaves at once (leave), whether it failed (an
+    exception, or a non-zero exit such as 143 after its SIGTERM checkpoint) or succeeded.
+
+    Success used to go through the interpreter's teardown (on torches whose gloo teardown cannot hang), but that
+    teardown can abort the process: a daemon thread still inside torch's C++ (a store call, a gloo thread) is ended
+    by the finalizing interpreter with an unwind that C++ turns into std::terminate ("terminate called without an
+    active exception", SIGABRT). Seen twice in CI on 2026-12-06 (torch 2.15, tests/worker): a trainer that had
+    printed "done" died by signal 6, its agent restarted the group, waited for peers that had finished, and
+    exited 200 two minutes later. Python does not promise ``__del__`` at exit anyway; what teardown does that a
+    script may rely on (atexit, non-daemon threads, buffered files) leave does first."""
     try:
         main()
     except SystemExit as stop:
-        if stop.code is None or stop.code == 0:
-            _succeeded()
-        if not isinstance(stop.code, int):
-            print(stop.code, file=sys.stderr)
-        leave(stop.code if isinstance(stop.code, int) else 1)
+        code = 0 if stop.code is None else stop.code
+        if not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+        leave(code)
     except Exception:
         sys.excepthook(*sys.exc_info())  # the traceback Python would print (record re-raised it)
         leave(1)
-    _succeeded()
-
-
-def _succeeded() -> None:
-    from ddpjob_worker import compat
-
-    if compat.gloo_teardown_may_hang():
-        leave(0)
-    sys.exit(0)
+    leave(0)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +243,24 @@ def test_the_rendezvous_poll_is_shortened_and_nothing_else(monkeypatch: pytest.M
     module._delay(seconds=1)  # the poll of a waiting agent (torch passes it by keyword)
     module._delay(seconds=0.5)  # anything else keeps its delay
     assert slept == [0.1, 0.5]
+
+
+LEAVING = """
+import threading, time
+from ddpjob_worker import launch
+from ddpjob_worker.logs import get_logger
+
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # still running at exit, as torch's may be
+print("stdout line", end="")  # no newline: still in the buffer
+get_logger("launch").warning("the agent's last log line")
+launch.leave(143)
+"""
+
+
+def test_the_agent_leaves_with_its_code_and_its_last_lines() -> None:
+    """launch.leave: the exit code, and what was still buffered, without the interpreter's teardown (which can abort
+    an agent whose daemon threads are inside torch's C++: exit -6 instead of 143)."""
+    done = subprocess.run([sys.executable, "-c", LEAVING], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 143, done.stderr
+    assert done.stdout == "stdout line"
+    assert "the agent's last log line" in done.stderr

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ddpjob_worker import compat, recorded
+from ddpjob_worker import causes, recorded
 
 # record enables faulthandler on stderr, which pytest's capture replaces with a file without a descriptor.
 pytestmark = pytest.mark.filterwarnings("ignore:Unable to enable fault handler")
@@ -103,7 +103,7 @@ sys.exit(int(sys.argv[2]))
 
 
 @pytest.mark.parametrize(("how", "code"), [("raise", 1), ("143", 143), ("0", 0)])
-def test_a_failed_trainer_leaves_at_once_but_keeps_what_the_teardown_would_save(
+def test_a_trainer_leaves_at_once_but_keeps_what_the_teardown_would_save(
         tmp_path: Path, how: str, code: int) -> None:
     script = tmp_path / "leaving.py"
     script.write_text(LEAVING)
@@ -114,12 +114,10 @@ def test_a_failed_trainer_leaves_at_once_but_keeps_what_the_teardown_would_save(
     assert (tmp_path / "thread.txt").read_text() == "done"
     assert (tmp_path / "atexit.txt").read_text() == "ran"
     assert ("Traceback" in done.stderr and "ValueError: boom" in done.stderr) == (how == "raise")
-    # Only success goes through the interpreter's teardown (slow with torch loaded), and not on a torch whose gloo
-    # teardown may hang (compat.keep_process_groups). A failure flushes every open file first (which that teardown
-    # does not even promise for a script run as __main__).
-    assert (tmp_path / "teardown.txt").exists() == (code == 0 and not compat.gloo_teardown_may_hang())
-    if code or compat.gloo_teardown_may_hang():
-        assert (tmp_path / "unflushed.txt").read_text() == "kept"
+    # No trainer goes through the interpreter's teardown (slow with torch loaded, and able to abort: recorded.cli);
+    # every open file is flushed first (which that teardown does not even promise for a script run as __main__).
+    assert not (tmp_path / "teardown.txt").exists()
+    assert (tmp_path / "unflushed.txt").read_text() == "kept"
 
 
 def test_rank1_waits_for_rank0s_store_to_listen() -> None:
@@ -153,3 +151,34 @@ def test_rank1_waits_for_rank0s_store_to_listen() -> None:
     started = time.monotonic()
     assert not recorded.await_rank0_store(env, timeout=0.3)  # nobody listens: torch's own retries take over
     assert time.monotonic() - started < 5
+
+
+LIGHTNING_PEER_STOP = """\
+class SIGTERMException(SystemExit):  # as lightning.pytorch.utilities.exceptions names it
+    pass
+class Trainer:
+    received_sigterm = {received}
+def _call_and_handle_interrupt(trainer):
+    raise SIGTERMException
+_call_and_handle_interrupt(Trainer())
+"""
+
+
+@pytest.mark.parametrize("received", [False, True])
+def test_a_rank_stopped_for_a_peers_sigterm_fails_as_a_peer_loss(error_file: Path, received: bool) -> None:
+    """Lightning's SIGTERMException reaches the other ranks by broadcast and exits them 0: torchrun would take the
+    group for finished. Unless this process got the SIGTERM itself, it becomes a failure the agent reads as a
+    peer's loss (ddpjob_worker.frameworks)."""
+    script = error_file.parent / "code" / "lit.py"
+    script.write_text(LIGHTNING_PEER_STOP.format(received=received))
+    if received:  # this pod is being stopped: the framework's exit (no code: 0) stands
+        with pytest.raises(SystemExit) as stop:
+            recorded.main([str(script)])
+        assert stop.value.code is None and not error_file.exists()
+        return
+    with pytest.raises(RuntimeError, match="another rank received SIGTERM") as raised:
+        recorded.main([str(script)])
+    assert type(raised.value).__name__ == "PeerStopped"
+    text = error_file.read_text()
+    assert "PeerStopped" in text
+    assert causes.is_peer_loss(text)
