@@ -131,10 +131,28 @@ def saved_images_key(ns: NodeState, image_ids: list[str]) -> str:
     return hashlib.sha256("\n".join([*image_ids, *held, *version]).encode()).hexdigest()[:16]
 
 
-def restore(ns: NodeState, saved: Path) -> bool:
+def held(ns: NodeState) -> list[str]:
+    """The image names node 0's containerd holds now."""
+    return sorted(_ctr(ns, "images", "ls", "-q").split())
+
+
+def required(ns: NodeState, images: list[str]) -> list[str]:
+    """What a saved copy must hold to be worth restoring: what node 0 holds now (pause and probe, before any import)
+    and every image to import, by the name containerd stores."""
+    return sorted({*held(ns), *(_normalized(i) for i in images)})
+
+
+def restore(ns: NodeState, saved: Path, need: list[str]) -> bool:
     """Every node's images from a copy that ``save`` left (hard links, so no layer is written again): True when
-    there was one; False (nothing changed) otherwise, or when it is on another file system than the nodes."""
-    if not (saved / ".complete").exists():
+    there was one holding every image in ``need``; False (nothing changed) otherwise, or when it is on another file
+    system than the nodes. A copy without its list of images, or lacking one, is removed: restored, it would leave
+    the nodes without a sandbox image and every pod ContainerCreating."""
+    listed = _listed(saved)
+    if listed is None:
+        return False
+    if lacking := sorted(set(need) - set(listed)):
+        cp.log(f"saved images at {saved} lack {', '.join(lacking)}; removed, importing", time.monotonic())
+        shutil.rmtree(saved, ignore_errors=True)
         return False
     try:
         share(ns, source=saved)
@@ -144,12 +162,29 @@ def restore(ns: NodeState, saved: Path) -> bool:
     return True
 
 
-def save(ns: NodeState, saved: Path) -> None:
+def _listed(saved: Path) -> list[str] | None:
+    """The images a saved copy holds, from its ``.complete`` (None: no complete copy, or one without its list)."""
+    try:
+        doc = json.loads((saved / ".complete").read_text())
+    except (OSError, ValueError):
+        return None
+    return [str(i) for i in doc["images"]] if isinstance(doc, dict) and isinstance(doc.get("images"), list) else None
+
+
+def save(ns: NodeState, saved: Path, need: list[str]) -> None:
     """Keep node 0's images at ``saved`` (hard links: nothing is stored twice while both exist) for the next
-    session's ``restore``; earlier saved copies beside it are removed (a 6 GB image is worth one copy)."""
+    session's ``restore``; earlier saved copies beside it are removed (a 6 GB image is worth one copy). Refuses,
+    naming them, when node 0 lacks an image of ``need``: the kubelet deletes unused images (pause and probe first)
+    when the disk falls under its eviction threshold, and this run's pods would then never start either."""
+    if lacking := sorted(set(need) - set(now := held(ns))):
+        free = shutil.disk_usage(ns.dir).free / 1e9
+        raise StartError(f"node 0's containerd lost {', '.join(lacking)} while images were imported ({free:.0f} GB "
+                         f"free now): the kubelet removes unused images when the disk falls under its eviction "
+                         f"threshold (logs/kubelet*.log, 'Removing image to free bytes'); free disk and run again")
     for old in saved.parent.glob("*"):
         if old != saved:
             shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(saved, ignore_errors=True)
     share(ns, also=(saved,))
-    (saved / ".complete").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    stamp = {"saved": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "images": now}
+    (saved / ".complete").write_text(json.dumps(stamp))

@@ -129,8 +129,9 @@ def import_images(cluster_dir: Path, images: list[str]) -> None:
         return
     cache = Path(os.environ.get("DDPJOB_CACHE", Path.home() / ".cache" / "ddpjob")) / "node-images"
     saved = cache / node_images.saved_images_key(ns, [image_id(i) for i in images])
+    need = node_images.required(ns, images)
     t0 = time.monotonic()
-    if todo == images and node_images.restore(ns, saved):
+    if todo == images and node_images.restore(ns, saved, need):
         log(f"{', '.join(images)} restored into the real nodes from {saved} ({time.monotonic() - t0:.0f}s)")
     else:
         for image in todo:
@@ -139,7 +140,7 @@ def import_images(cluster_dir: Path, images: list[str]) -> None:
             log(f"imported {image} into the real node ({time.monotonic() - t1:.0f}s; "
                 f"{discarded / 1e9:.1f} GB of unpacked layer blobs discarded)")
         if todo == images:
-            node_images.save(ns, saved)
+            node_images.save(ns, saved, need)
         else:
             node_images.share(ns)
     stamp.write_text(json.dumps({**done, **{image: image_id(image) for image in images}}))

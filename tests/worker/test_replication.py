@@ -129,7 +129,7 @@ def sync_all(pods: Pods, master: object) -> list[groupsync.SyncPlan]:
     def one(i: int) -> None:
         try:
             store = store_client(port, timedelta(seconds=30))
-            plans[i] = groupsync.sync(pods.reps[i], store, i, len(pods.reps), timeout=30)  # type: ignore[arg-type]
+            plans[i] = groupsync.sync(pods.reps[i], store, i, len(pods.reps), timeout=30)
         except Exception as err:
             plans[i] = err
 

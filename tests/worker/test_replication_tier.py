@@ -79,7 +79,7 @@ class Job:
         def one(i: int) -> None:
             store = store_client(master.port, timedelta(seconds=60))
             try:
-                out[i] = groupsync.sync(self.pods[i][0], store, i, self.n,  # type: ignore[arg-type]
+                out[i] = groupsync.sync(self.pods[i][0], store, i, self.n,
                                         remote=self.pods[i][1], timeout=60)
             except Exception as err:
                 out[i] = err
