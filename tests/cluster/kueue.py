@@ -81,6 +81,10 @@ def configuration(state: cp.ClusterState) -> str:
         integrations:
           frameworks: {json.dumps(list(FRAMEWORKS))}
           externalFrameworks: {json.dumps(list(EXTERNAL_FRAMEWORKS))}
+        # A cluster that is a MultiKueue manager dispatches DDPJobs through Kueue's generic adapter for custom jobs
+        # (feature gate MultiKueueAdaptersForCustomJobs, on by default): tests/integration/test_multikueue.py.
+        multiKueue:
+          externalFrameworks: {json.dumps([{"name": f} for f in EXTERNAL_FRAMEWORKS])}
         """)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import Cluster, wait_for
+from tests.integration.kueue_support import Kueue
 from tests.integration.operator_support import CRD_PATH, Jobs, OperatorProcess, Pool
 
 
@@ -61,3 +62,12 @@ def pool(cluster: Cluster, namespace: str) -> Iterator[Pool]:
         yield p
     finally:
         p.delete()
+
+
+@pytest.fixture
+def kq(cluster: Cluster, namespace: str) -> Iterator[Kueue]:
+    k = Kueue(cluster, namespace)
+    try:
+        yield k
+    finally:
+        k.delete()

@@ -139,11 +139,12 @@ The rules the operator needs in a namespace where it manages DDPJobs. One list, 
   resources: ["podgroups"]
   verbs: ["get", "list", "watch", "create"]
 # Per-job Workload of a job queued in Kueue (label kueue.x-k8s.io/queue-name), and its status: the operator gives
-# an evicted Workload's quota back and marks it Finished, as Kueue's own job integrations do. Listing it is skipped
-# while Kueue's CRDs are not installed.
+# an evicted Workload's quota back and marks it Finished, as Kueue's own job integrations do; patch: it becomes the
+# owner of a Workload that MultiKueue made for the job (prebuilt). Listing it is skipped while Kueue's CRDs are not
+# installed.
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads"]
-  verbs: ["get", "list", "watch", "create"]
+  verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["kueue.x-k8s.io"]
   resources: ["workloads/status"]
   verbs: ["patch"]

@@ -23,6 +23,12 @@ VERSION = "v1alpha1"
 KIND = "DDPJob"
 PLURAL = "ddpjobs"
 API_VERSION = f"{GROUP}/{VERSION}"
+#: spec.managedBy of a job this operator runs (also what an absent field means), as batch/v1 Job's managedBy.
+OPERATOR_MANAGER = f"{GROUP}/operator"
+#: spec.managedBy of a job that Kueue's MultiKueue dispatches to a worker cluster (its generic custom-job adapter).
+MULTIKUEUE_MANAGER = "kueue.x-k8s.io/multikueue"
+#: A domain-prefixed path, as batch/v1 Job's managedBy: ``<dns-subdomain>/<name>``.
+MANAGED_BY_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
 
 #: Longest DDPJob name: pods are named ``<name>-worker-<index>`` and that name is also the pod's host name,
 #: a DNS label of at most 63 characters (the CRD enforces the same bound).
@@ -34,6 +40,7 @@ _PATTERN_WORDS = {
                     "with a letter or digit",
     r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?$": "must be a quantity such as 10Gi or 500Mi",
     r"^/": "must be an absolute path (start with /)",
+    MANAGED_BY_PATTERN: "must be a domain-prefixed path such as kueue.x-k8s.io/multikueue (absent: this operator)",
 }
 _NAMED_RE = re.compile(r"^([A-Za-z][\w.\[\]/-]*): (.+)$", re.S)
 
@@ -41,6 +48,14 @@ _NAMED_RE = re.compile(r"^([A-Za-z][\w.\[\]/-]*): (.+)$", re.S)
 WORKER_CONTAINER = "worker"
 #: The pod volume the operator adds for checkpoints; a template may not define its own volume of that name.
 CHECKPOINT_VOLUME = "checkpoints"
+
+
+def manager_of(body: Mapping[str, Any]) -> str | None:
+    """The controller that manages a DDPJob object instead of this operator (its spec.managedBy), or None when this
+    operator does. Read from the raw body: a job managed elsewhere is not ours to parse or judge."""
+    spec = body.get("spec")
+    value = spec.get("managedBy") if isinstance(spec, Mapping) else None
+    return None if value in (None, "", OPERATOR_MANAGER) else str(value)
 
 
 class InvalidSpec(ValueError):
@@ -201,6 +216,10 @@ class DDPJobSpec(_Model):
     run_policy: RunPolicy = RunPolicy()
     scheduling: Scheduling = Scheduling()
     runtime: Runtime = Runtime()
+    managed_by: str | None = Field(default=None, max_length=63, pattern=MANAGED_BY_PATTERN, description=(
+        "The controller that runs the job: absent or ddpjob.io/operator, this operator; kueue.x-k8s.io/multikueue, "
+        "MultiKueue (this operator makes the job's Workload only); any other value, that controller (this operator "
+        "creates nothing for it and writes no status). Immutable."))
     network_policy: Literal["Required", "Disabled"] = Field(default="Required", description=(
         "Required: the job's NetworkPolicy is created before any pod, and no pod is created while it cannot be. "
         "Disabled: none is created (the namespace's own policies are all there is)."))
@@ -348,6 +367,10 @@ def parse_ddpjob(obj: Mapping[str, Any]) -> DDPJob:
         )
     spec = parse_spec(obj.get("spec") or {})
     labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    if spec.managed_by == MULTIKUEUE_MANAGER and not labels.get(QUEUE_LABEL):
+        raise InvalidSpec("spec.managedBy", f"{MULTIKUEUE_MANAGER} dispatches the job through a Kueue queue: add the "
+                          f"label {QUEUE_LABEL} naming a LocalQueue whose ClusterQueue has the MultiKueue admission "
+                          "check, or remove spec.managedBy to run the job in this cluster")
     ckpt = spec.checkpoint
     if labels.get(QUEUE_LABEL) and not ckpt.has_claim and ckpt.object_store is None:
         raise InvalidSpec("spec.checkpoint", f"a job in a Kueue queue (label {QUEUE_LABEL}) can be preempted, and "

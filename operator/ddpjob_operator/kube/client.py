@@ -111,7 +111,7 @@ PERMISSIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("rbac.authorization.k8s.io", "rolebindings"): ("get", "list", "watch", "create"),
     ("networking.k8s.io", "networkpolicies"): ("get", "list", "watch", "create"),
     ("scheduling.x-k8s.io", "podgroups"): ("get", "list", "watch", "create"),
-    ("kueue.x-k8s.io", "workloads"): ("get", "list", "watch", "create"),
+    ("kueue.x-k8s.io", "workloads"): ("get", "list", "watch", "create", "patch"),  # patch: a prebuilt one's owner
     ("kueue.x-k8s.io", "workloads/status"): ("patch",),
     ("", "events"): ("create",),
 }
@@ -372,10 +372,12 @@ class Kube:
         except kopf_errors.APINotFoundError:
             return None
 
-    async def patch_workload_status(self, namespace: str, name: str, patch: Mapping[str, Any]) -> bool:
-        """Merge-patch a Kueue Workload's status (conditional on the resourceVersion in ``patch``); False when it
-        is gone or changed meanwhile (the next pass looks again)."""
-        url = f"{collection_url(API_VERSIONS['Workload'], 'Workload', namespace)}/{name}/status"
+    async def patch_workload(self, namespace: str, name: str, patch: Mapping[str, Any], *, status: bool = True
+                             ) -> bool:
+        """Merge-patch a Kueue Workload's status (or, ``status=False``, the object: a prebuilt Workload's owner),
+        conditional on the resourceVersion in ``patch``; False when it is gone or changed meanwhile (the next pass
+        looks again)."""
+        url = f"{collection_url(API_VERSIONS['Workload'], 'Workload', namespace)}/{name}{'/status' if status else ''}"
         url += f"?fieldManager={FIELD_MANAGER}"
         try:
             await self._call("patch", url, dict(patch), "application/merge-patch+json")

@@ -16,12 +16,12 @@ from typing import Any
 
 from ddpjob_operator.api import names, reasons
 from ddpjob_operator.api.formats import format_time, parse_time, truncate
-from ddpjob_operator.api.spec import InvalidSpec, parse_ddpjob
+from ddpjob_operator.api.spec import MULTIKUEUE_MANAGER, InvalidSpec, parse_ddpjob
 from ddpjob_operator.planner import open_incident
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.children import builders, inject
 from ddpjob_operator.planner.conditions import FINISHED_TYPES, aux_conditions, finished_conditions
-from ddpjob_operator.planner.kueue import admission
+from ddpjob_operator.planner.kueue import admission, multikueue
 from ddpjob_operator.planner.kueue import workload as kueue
 from ddpjob_operator.planner.kueue.admission import KueueInputs, WorkloadWrite
 from ddpjob_operator.planner.observation import PodView
@@ -63,6 +63,8 @@ __all__ = ["DeletePod", "KueueInputs", "Observed", "Plan", "Replacement", "plan"
 def plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
     """Plan one reconcile pass of a DDPJob; a routine status change waits for the next write (status_writes)."""
     result = _plan(body, observed, now)
+    if result.invalid is None and result.job is not None and result.job.spec.managed_by == MULTIKUEUE_MANAGER:
+        return multikueue.dispatched(result)  # the worker cluster runs it and its status is copied here
     _say_unreadable(result, body.get("status") or {}, observed)
     write = status_writes.decide(result.patch, body.get("status") or {}, result.status, observed.routine_since,
                                  now, observed.routine_wait)
@@ -107,6 +109,7 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
         return _suspended(result, ps)
     if kueue.queue_name(job) is not None:
         view = admission.workload_view(job, observed.children)
+        result.workload_writes += admission.adopt(job, observed.children)
         gate = admission.gate(job, view, observed.pods, observed.kueue)
         ps.aux += admission.conditions(gate, view)
         if not gate.run or view is None:

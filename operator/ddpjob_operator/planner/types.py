@@ -51,6 +51,8 @@ class Plan:
     """A routine status change waits for a later pass (status_writes)."""
     unreadable: dict[str, str] = dataclasses.field(default_factory=dict)
     """The status.progress times found unreadable this pass and not said before, by path (policies/unreadable.py)."""
+    dispatch_only: bool = False
+    """A MultiKueue manager's pass (kueue/multikueue.py): its Workload only; no worker identity, pod or status."""
 
     def requeue_at(self, when: datetime | None, now: datetime) -> None:
         """Ask for another pass at ``when`` (the earliest request wins)."""

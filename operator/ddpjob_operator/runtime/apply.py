@@ -57,7 +57,7 @@ async def apply_children(kube: Kube, key: tuple[str, str], mem: JobMemory, plan:
     assert plan.job is not None
     job, body = plan.job, mem.body
     before = dict(mem.problems)
-    if plan.status.get("state") not in (st.SUCCEEDED, st.FAILED):  # its pods need the ServiceAccount
+    if plan.status.get("state") not in (st.SUCCEEDED, st.FAILED) and not plan.dispatch_only:  # the pods need it
         for child, problem in await identity.ensure(kube, key[0]):
             _record(mem, child, problem)
     ensure = await asyncio.gather(*(kube.create(owned(dict(obj), job, body)) for obj in plan.ensure))

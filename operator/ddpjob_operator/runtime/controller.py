@@ -17,7 +17,7 @@ from typing import Any, cast
 import kopf
 
 from ddpjob_operator.api.formats import truncate
-from ddpjob_operator.api.spec import QUEUE_LABEL, InvalidSpec, parse_ddpjob
+from ddpjob_operator.api.spec import MULTIKUEUE_MANAGER, QUEUE_LABEL, InvalidSpec, manager_of, parse_ddpjob
 from ddpjob_operator.kube import podwatch
 from ddpjob_operator.kube.client import Kube, NamespaceTerminating, Rejected
 from ddpjob_operator.kube.identity import WorkerIdentity
@@ -93,6 +93,7 @@ class Controller:
         self._workers: list[asyncio.Task[None]] = []
         self._synced: asyncio.Event | None = None
         self._events = 0  # job watch events and status writes so far: marks for the resync (job_seen)
+        self.foreign: dict[Key, str] = {}  # jobs another controller manages (spec.managedBy) -> that controller
 
     def start(self, kube: Kube) -> None:
         """Start the workers, the resync and the pods' watch (once), inside a kopf handler's context so kopf.event()
@@ -130,7 +131,10 @@ class Controller:
         a late event from undoing our own status write."""
         meta = body.get("metadata") or {}
         key = (meta.get("namespace", ""), meta.get("name", ""))
+        if event_type != "DELETED" and self._managed_elsewhere(key, body):
+            return
         if event_type == "DELETED":
+            self.foreign.pop(key, None)
             self.jobs.pop(key, None)
             self.cache.forget(key)
             self.queue.forget(key)
@@ -153,6 +157,18 @@ class Controller:
         elif not _older(rv, mem.resource_version):
             mem.take(_kept(body), rv, self._events)
         self.queue.add(key)
+
+    def _managed_elsewhere(self, key: Key, body: Mapping[str, Any]) -> bool:
+        """Whether another controller runs this job (spec.managedBy, immutable): then nothing of it is planned,
+        created or written here, as batch/v1's Job controller leaves a Job with a managedBy of another. Said once.
+        MultiKueue is the exception: on its manager cluster the job's pass makes its Workload, nothing else."""
+        manager = manager_of(body)
+        if manager in (None, MULTIKUEUE_MANAGER):  # MultiKueue's: its Workload is made here (kueue/multikueue.py)
+            return False
+        if self.foreign.get(key) != manager:
+            log.info("job=%s/%s is managed by %s (spec.managedBy): this operator leaves it alone", *key, manager)
+            self.foreign[key] = manager
+        return True
 
     def child_seen(self, kind: str, event_type: str | None, body: Mapping[str, Any]) -> None:
         """A watch event of a child (pod, Service, ...): update the cache and enqueue its job's pass."""
@@ -179,6 +195,8 @@ class Controller:
         """After a LIST of DDPJobs sent after ``mark`` (whose bodies went through ``job_seen``): forget jobs
         deleted while the watch was down (not those a watch event announced after the mark)."""
         namespaces = set(scope) if scope is not None else None
+        for key in [k for k in self.foreign if k not in listed and (namespaces is None or k[0] in namespaces)]:
+            del self.foreign[key]
         for key, mem in list(self.jobs.items()):
             if key not in listed and mem.touched <= mark and (namespaces is None or key[0] in namespaces):
                 log.info("job=%s/%s is gone (resync); forgetting it", *key)
@@ -312,7 +330,7 @@ class Controller:
             if plan.job is not None:  # a Failed plan creates nothing: nothing here can be rejected again
                 await apply_pods(self.kube, key, mem, plan, self.identity)
         if plan.workload_writes:  # after the pod deletes: an evicted job's quota goes back once none is active
-            await kueue_sync.write(self.kube, key[0], plan.workload_writes, now)
+            await kueue_sync.write(self.kube, body, plan.workload_writes, now)
         return plan, rejection
 
     def _schedule(self, key: Key, mem: JobMemory, plan: planner.Plan) -> None:

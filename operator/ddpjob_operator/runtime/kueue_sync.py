@@ -10,7 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from ddpjob_operator.api.spec import DDPJob
-from ddpjob_operator.kube.client import API_VERSIONS, Kube
+from ddpjob_operator.kube.client import API_VERSIONS, Kube, adopt
 from ddpjob_operator.planner.kueue import admission
 from ddpjob_operator.planner.kueue import workload as kueue
 from ddpjob_operator.planner.kueue.admission import KueueInputs, WorkloadWrite
@@ -48,16 +48,27 @@ async def read_inputs(kube: Kube, job: DDPJob, children: Mapping[tuple[str, str]
     return KueueInputs(priority=priority, priority_missing=missing, flavors=dict(mem.flavors))
 
 
-async def write(kube: Kube, namespace: str, writes: Sequence[WorkloadWrite], now: datetime) -> None:
-    """Carry out the plan's Workload writes: read the Workload, patch its status conditionally on what was read
-    (a Workload changed meanwhile is left for the next pass)."""
+async def write(kube: Kube, job: Mapping[str, Any], writes: Sequence[WorkloadWrite], now: datetime) -> None:
+    """Carry out the plan's Workload writes for the DDPJob ``job``: read the Workload, patch its status (its owner,
+    for "adopt") conditionally on what was read (a Workload changed meanwhile is left for the next pass)."""
+    namespace = str(job["metadata"].get("namespace") or "")
     for w in writes:
         obj = await kube.get(_GROUP_VERSION, kueue.WORKLOAD, namespace, w.name)
         if obj is None:
             continue
-        if await kube.patch_workload_status(namespace, w.name, _patch(obj, w, now)):
-            done = {"clear": "quota given back", "podsready": f"PodsReady={w.succeeded}", "finish": "marked Finished"}
+        patch = _owned(obj, job) if w.op == "adopt" else _patch(obj, w, now)
+        if await kube.patch_workload(namespace, w.name, patch, status=w.op != "adopt"):
+            done = {"clear": "quota given back", "podsready": f"PodsReady={w.succeeded}", "finish": "marked Finished",
+                    "adopt": "owned by its job"}
             log.info("workload=%s/%s %s (%s)", namespace, w.name, done[w.op], w.reason)
+
+
+def _owned(obj: Mapping[str, Any], job: Mapping[str, Any]) -> dict[str, Any]:
+    """Merge patch: the Workload's ownerReferences plus the job as its controller (a prebuilt Workload has none)."""
+    meta = obj.get("metadata") or {}
+    refs = adopt({"metadata": {"ownerReferences": list(meta.get("ownerReferences") or [])}}, job)
+    return {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                         "ownerReferences": refs["metadata"]["ownerReferences"]}}
 
 
 def _patch(obj: Mapping[str, Any], w: WorkloadWrite, now: datetime) -> dict[str, Any]:

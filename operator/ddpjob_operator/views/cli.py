@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ddpjob_operator.api.spec import MULTIKUEUE_MANAGER, manager_of
 from ddpjob_operator.views import describe as describe_view
 from ddpjob_operator.views import facts, listing
 from ddpjob_operator.views import prometheus as prometheus_view
@@ -69,7 +70,8 @@ def describe(name: Annotated[str, typer.Argument(help="The DDPJob's name.")], na
 
     def render() -> tuple[str, bool]:
         job = kube.job(name)
-        text = describe_view.render(job, kube.events(job), _now())
+        where = kube.worker_cluster(job) if manager_of(job) == MULTIKUEUE_MANAGER else None
+        text = describe_view.render(job, kube.events(job), _now(), worker_cluster=where)
         return text, (job.get("status") or {}).get("state") in facts.FINISHED
 
     _show(render, watch, interval)

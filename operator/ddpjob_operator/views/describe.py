@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from ddpjob_operator.api.spec import MULTIKUEUE_MANAGER, manager_of
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.policies import recovery_clock as recovery
 from ddpjob_operator.views import facts
@@ -86,7 +87,17 @@ def _unprotected(status: Obj) -> list[str]:
                               f"{cond.get('message')}")]
 
 
-def _header(job: Obj, now: datetime) -> list[str]:
+def _managed(job: Obj, worker_cluster: str | None) -> list[str]:
+    """A line for a job that another controller runs (spec.managedBy): its status, if any, is that controller's."""
+    manager = manager_of(job)
+    if manager == MULTIKUEUE_MANAGER:
+        where = f"worker cluster {worker_cluster}" if worker_cluster else "a worker cluster (none yet)"
+        return [_line("Managed by", f"{manager}: MultiKueue runs the job in {where}; the state below is that "
+                                    "cluster's, copied here")]
+    return [_line("Managed by", f"{manager} (spec.managedBy): this operator leaves the job alone")] if manager else []
+
+
+def _header(job: Obj, now: datetime, worker_cluster: str | None) -> list[str]:
     meta, spec, status = job.get("metadata") or {}, job.get("spec") or {}, job.get("status") or {}
     workers = f"{status.get('ready') or '0/' + str(spec.get('replicas', '?'))} ready"
     if status.get("spares"):
@@ -95,7 +106,8 @@ def _header(job: Obj, now: datetime) -> list[str]:
     started = facts.parse_time(status.get("startTime"))
     age = facts.since(meta.get("creationTimestamp"), now)
     lines = [_line("Name", str(meta.get("name"))), _line("Namespace", str(meta.get("namespace"))),
-             _line("State", _state(status)), *_unprotected(status), _line("Workers", workers),
+             *_managed(job, worker_cluster), _line("State", _state(status)), *_unprotected(status),
+             _line("Workers", workers),
              _line("Age", facts.duration(age) + (f" (started {started:%Y-%m-%d %H:%M:%S}Z)" if started else ""))]
     lines += _progress_lines(status, now)
     lines.append(_line("Checkpoint", _checkpoint(status, now)))
@@ -143,14 +155,15 @@ def _conditions(status: Obj) -> list[str]:
             for c in conds]
 
 
-def render(job: Obj, events: Sequence[Obj], now: datetime) -> str:
-    """The describe text of ``job`` with its Events (involvedObject: the job) at ``now``."""
+def render(job: Obj, events: Sequence[Obj], now: datetime, *, worker_cluster: str | None = None) -> str:
+    """The describe text of ``job`` with its Events (involvedObject: the job) at ``now``; ``worker_cluster``: where
+    MultiKueue runs it (a manager cluster's job)."""
     status = job.get("status") or {}
     incidents = sorted(status.get("incidents") or [], key=lambda i: i.get("id") or 0)
     owned: dict[int | None, list[Obj]] = {}
     for event in sorted(events, key=lambda e: facts.event_time(e) or now):
         owned.setdefault(facts.owner_of(event, incidents, now), []).append(event)
-    lines = _header(job, now)
+    lines = _header(job, now, worker_cluster)
     total = status.get("incidentCount") or len(incidents)
     limit = ((job.get("spec") or {}).get("runPolicy") or {}).get("backoffLimit")
     shown = f" (the last {len(incidents)} kept)" if total > len(incidents) else ""

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from typing import Any
 
+from ddpjob_operator.api.names import LABEL_JOB_NAME
 from ddpjob_operator.api.spec import GROUP, KIND, PLURAL
 
 Obj = dict[str, Any]
@@ -70,6 +71,20 @@ class Kubectl:
             return []
         uid = meta.get("uid")
         return [e for e in items.get("items") or [] if (e.get("involvedObject") or {}).get("uid") in (None, uid)]
+
+    def worker_cluster(self, job: Obj) -> str | None:
+        """The MultiKueue worker cluster that runs ``job`` (its Workload's status.clusterName), or None."""
+        meta = job.get("metadata") or {}
+        try:
+            items = self._get("workloads.kueue.x-k8s.io", f"--namespace={meta.get('namespace')}",
+                              f"--selector={LABEL_JOB_NAME}={meta.get('name')}")
+        except ViewError:  # no Kueue, or no right to read Workloads: describe says less
+            return None
+        for wl in items.get("items") or []:
+            owners = (wl.get("metadata") or {}).get("ownerReferences") or []
+            if any(o.get("uid") == meta.get("uid") for o in owners):
+                return ((wl.get("status") or {}).get("clusterName")) or None
+        return None
 
     def namespace_in_use(self) -> str:
         """The namespace kubectl would use: --namespace, else the context's, else default."""

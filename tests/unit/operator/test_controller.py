@@ -466,3 +466,41 @@ def test_a_pod_loss_this_pass_acted_on_is_counted_when_another_write_came_first(
     assert kube.calls.count("create Pod job-worker-1") == 2
     assert status.get("incidentCount") == 1 and status["incidents"][0]["cause"] == "PodDeleted", status
     assert status["progress"] == {"step": 7}, "the other writer's status stays"
+
+
+@pytest.mark.parametrize("manager", ["example.com/my-controller", "kueue.x-k8s.io/another"])
+def test_a_job_another_controller_manages_gets_nothing_from_this_operator(events: list[tuple[str, str]],
+                                                                          manager: str) -> None:
+    """spec.managedBy of another controller: no pass, so no child, pod, Workload or status write, also after a
+    resync's listing; the job is forgotten when deleted (issue 45 #1, batch/v1 Job's managedBy rule)."""
+    job = make_job(replicas=2).obj()
+    job["spec"]["managedBy"] = manager
+    kube = FakeKube(job)
+    c = run_passes(job, kube, passes=2)
+    assert kube.calls == [] and events == []
+    c.job_seen(None, job, listed_after=c.mark())
+    assert ("ns", "job") not in c.jobs and len(c.queue) == 0 and c.foreign == {("ns", "job"): manager}
+    c.forget_unlisted(set(), c.mark(), None)
+    assert c.foreign == {}
+
+
+@pytest.mark.parametrize("manager", [None, "ddpjob.io/operator"])
+def test_a_job_this_operator_manages_is_reconciled(events: list[tuple[str, str]], manager: str | None) -> None:
+    job = make_job(replicas=1).obj()
+    if manager:
+        job["spec"]["managedBy"] = manager
+    kube = FakeKube(job)
+    run_passes(job, kube, passes=1)
+    assert "create Pod job-worker-0" in kube.calls and kube.calls.count("patch status") == 1
+
+
+def test_a_multikueue_managers_pass_creates_the_workload_only(events: list[tuple[str, str]]) -> None:
+    """No worker identity, no Service, no pod, no status write: the worker cluster runs the job (kueue/multikueue)."""
+    job = make_job(replicas=2).with_checkpoint(existingClaim="ckpt").obj()
+    job["metadata"]["labels"] = {"kueue.x-k8s.io/queue-name": "q"}
+    job["spec"]["managedBy"] = "kueue.x-k8s.io/multikueue"
+    kube = FakeKube(job)
+    c = run_passes(job, kube, passes=2)
+    assert [x.split(" ")[:2] for x in kube.calls] == [["create", "Workload"]] * 2 and events == []
+    wl = next(v for k, v in kube.objects.items() if k[0] == "Workload")
+    assert wl["metadata"]["ownerReferences"][0]["uid"] == "uid-job" and c.foreign == {}

@@ -35,7 +35,7 @@ class WorkloadWrite:
 
     name: str
     op: str
-    """"clear", "podsready" or "finish"."""
+    """"clear", "podsready", "finish" or "adopt" (a prebuilt Workload gets the job as its controller owner)."""
     reason: str
     message: str
     succeeded: bool = False
@@ -55,17 +55,28 @@ class KueueInputs:
 
 
 def workload_view(job: DDPJob, children: Mapping[tuple[str, str], ChildView]) -> WorkloadView | None:
-    """The job's own Workload as last seen, or None if it has none (or it is on its way out)."""
+    """The job's own Workload as last seen, or None if it has none (or it is on its way out). A prebuilt one is the
+    job's before the job owns it too (adopt)."""
     child = children.get((kueue.WORKLOAD, kueue.workload_name(job)))
-    if child is None or child.owner_uid != job.uid or child.deleting:
+    unowned_prebuilt = kueue.prebuilt(job) is not None and child is not None and child.owner_uid is None
+    if child is None or (child.owner_uid != job.uid and not unowned_prebuilt) or child.deleting:
         return None
     return child.workload
 
 
+def adopt(job: DDPJob, children: Mapping[tuple[str, str], ChildView]) -> list[WorkloadWrite]:
+    """The prebuilt Workload gets the job as its controller owner, as jobframework does: it then goes with the job."""
+    name = kueue.prebuilt(job)
+    child = children.get((kueue.WORKLOAD, name)) if name is not None else None
+    if name is None or child is None or child.owner_uid is not None or child.deleting:
+        return []
+    return [WorkloadWrite(name, "adopt", "Prebuilt", f"the Workload Kueue made for DDPJob {job.name} is now its own")]
+
+
 def desired(job: DDPJob, inputs: KueueInputs) -> list[Obj]:
     """The Workload among the job's children (none while its priority class is missing: a Workload without the
-    priority would be admitted at the wrong priority)."""
-    if kueue.queue_name(job) is None or inputs.priority_missing is not None:
+    priority would be admitted at the wrong priority; none for a job whose Workload Kueue made: it is adopted)."""
+    if kueue.queue_name(job) is None or inputs.priority_missing is not None or kueue.prebuilt(job) is not None:
         return []
     return [kueue.build_workload(job, builders.build_worker_pod(job, 0), builders.build_rendezvous_pod(job),
                                  inputs.priority)]

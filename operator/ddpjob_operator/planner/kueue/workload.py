@@ -27,6 +27,9 @@ WORKLOAD = "Workload"
 PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 #: Kueue's label for the owner job's UID on a Workload.
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+#: Kueue's label naming a Workload made for the job before the job existed: MultiKueue puts it on the copy of a job it
+#: creates in a worker cluster, whose Workload it created there first (jobframework's "prebuilt workload").
+PREBUILT_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
 #: Pod sets of a DDPJob's Workload: the worker pods (spares included) and the rendezvous pod.
 WORKERS, RENDEZVOUS = "workers", "rendezvous"
 
@@ -36,9 +39,17 @@ def queue_name(job: DDPJob) -> str | None:
     return job.labels.get(QUEUE_LABEL) or None
 
 
+def prebuilt(job: DDPJob) -> str | None:
+    """The name of the Workload Kueue made for the job before it existed (MultiKueue's copy in a worker cluster)."""
+    return job.labels.get(PREBUILT_LABEL) or None
+
+
 def workload_name(job: DDPJob) -> str:
-    """``ddpjob-<job>-<hash>``, as Kueue names the Workload of the kinds it knows: the job's UID is in the hash, so a
-    job created again under the same name never meets its predecessor's Workload."""
+    """The prebuilt Workload's name if Kueue made one; else ``ddpjob-<job>-<hash>``, as Kueue names the Workload of
+    the kinds it knows: the job's UID is in the hash, so a job created again under the same name never meets its
+    predecessor's Workload."""
+    if (name := prebuilt(job)) is not None:
+        return name
     digest = hashlib.sha1(f"{KIND}\n{GROUP}\n{job.name}\n{job.uid}".encode()).hexdigest()
     return f"{KIND.lower()}-{job.name}-{digest[:5]}"
 

@@ -83,3 +83,10 @@ def test_kubectls_errors_become_one_line_that_says_what_to_do() -> None:
         "ddpjob: no DDPJob 'nope' in namespace ml (kubectl get ddpjobs -A lists them all)")
     assert explain("error: context \"x\" does not exist\n", None) == (
         'ddpjob: kubectl failed: error: context "x" does not exist')
+
+
+def test_describe_names_the_controller_of_a_job_managed_elsewhere() -> None:
+    job = {"metadata": {"name": "j", "namespace": "ns"}, "spec": {"replicas": 2, "managedBy": "example.com/other"}}
+    text = describe.render(job, [], datetime(2026, 12, 6, tzinfo=UTC))
+    assert "Managed by:  example.com/other (spec.managedBy): this operator leaves the job alone" in text
+    assert "Managed by" not in describe.render({**job, "spec": {"replicas": 2}}, [], datetime(2026, 12, 6, tzinfo=UTC))
