@@ -58,6 +58,10 @@ def home(state: cp.ClusterState) -> Path:
     return Path(state.dir) / "kueue"
 
 
+#: MultiKueue's workerLostTimeout in these clusters (Kueue's default: 15m).
+WORKER_LOST_TIMEOUT = "20s"
+
+
 def configuration(state: cp.ClusterState) -> str:
     """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2, apis/config/v1beta2 of its module)."""
     ports, d = state.ports, home(state)
@@ -83,8 +87,11 @@ def configuration(state: cp.ClusterState) -> str:
           externalFrameworks: {json.dumps(list(EXTERNAL_FRAMEWORKS))}
         # A cluster that is a MultiKueue manager dispatches DDPJobs through Kueue's generic adapter for custom jobs
         # (feature gate MultiKueueAdaptersForCustomJobs, on by default): tests/integration/test_multikueue.py.
+        # How long a job stays dispatched to a worker cluster MultiKueue lost before it dispatches it again: Kueue's
+        # default is 15 min; test_multikueue.py loses one.
         multiKueue:
           externalFrameworks: {json.dumps([{"name": f} for f in EXTERNAL_FRAMEWORKS])}
+          workerLostTimeout: {WORKER_LOST_TIMEOUT}
         """)
 
 

@@ -140,3 +140,33 @@ def test_a_deleted_workload_stops_the_pods_and_queues_the_job_again(namespace: s
     after = {p["metadata"]["uid"] for p in jobs.running("again", 2, timeout=60)}  # admitted again: quota is free
     assert not before & after, "the pods of the deleted Workload's admission were stopped"
     assert jobs.get("again")["status"].get("incidentCount", 0) == 0
+
+
+def test_a_suspended_job_gives_its_quota_to_another_and_waits_for_it_on_resume(
+        namespace: str, operator: OperatorProcess, jobs: Jobs, pool: Pool, kq: Kueue) -> None:
+    """spec.runPolicy.suspend of an admitted job deactivates its Workload: Kueue evicts it, the pods go, the quota goes
+    back and admits the next job; resumed, its Workload is active again and it waits for that quota like any job."""
+    pool.add(8)
+    kq.apply(kq.flavor("a", namespace))
+    kq.queues([("a", "2.5")], queueingStrategy="StrictFIFO")  # one 2-worker job at a time
+    jobs.apply(job("first", 2))
+    jobs.running("first", 2, timeout=60)
+    jobs.apply(job("second", 2))
+    jobs.cluster.kubectl("patch", "ddpjob", "first", "-n", namespace, "--type=merge", "-p",
+                         '{"spec":{"runPolicy":{"suspend":true}}}')
+    jobs.running("second", 2, timeout=60)  # the quota the suspended job held
+    wl = kq.workload("first")
+    assert wl is not None and wl["spec"]["active"] is False, wl
+    assert wl["metadata"]["annotations"]["ddpjob.io/suspended"] == "true"
+    assert pods_of(jobs, "first") == [] and jobs.get("first")["status"]["state"] == "Suspended"
+    jobs.cluster.kubectl("patch", "ddpjob", "first", "-n", namespace, "--type=merge", "-p",
+                         '{"spec":{"runPolicy":{"suspend":false}}}')
+    wait_for(lambda: jobs.get("first")["status"]["state"] == "Queued"
+             and (kq.workload("first") or {}).get("spec", {}).get("active") is True, timeout=30,
+             describe="active again and Queued behind the running job", state=lambda: jobs.describe("first"))
+    assert pods_of(jobs, "first") == []
+    for pod in jobs.running("second", 2):
+        jobs.succeed(pod["metadata"]["name"])
+    jobs.running("first", 2, timeout=60)
+    wl = kq.workload("first")
+    assert wl is not None and "ddpjob.io/suspended" not in (wl["metadata"].get("annotations") or {}), wl

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.conftest import Cluster, wait_for
-from tests.integration.helm import CHART, CRD, RELEASE, Helm
+from tests.integration.helm import ADOPT_CRD, CHART, CRD, RELEASE, Helm
 from tests.integration.operator_support import CRD_PATH
 from tests.previous_release import docs_upgrade_command, newest_field, previous_chart, served
 
@@ -36,10 +36,13 @@ def test_helm_upgrade_from_the_chart_before_the_crds_last_change(
     old_crd_file = next(old_chart.glob("*/ddpjob-crd.yaml"))
     newest = newest_field(old_chart)
 
-    # The cluster as that chart left it: its CRD (replace: no Helm ownership, as crds/ installs it), its release.
+    # The cluster as that chart left it: its CRD (replace: no Helm ownership, as crds/ installs it), its release. A
+    # chart whose CRD is a release resource (0.4.0 on) would have made it itself; here the tier's CRD exists, so its
+    # release takes it over (the old schema first, so the take-over changes only the ownership).
     cluster.kubectl("replace", "-f", str(old_crd_file))
     wait_for(lambda: not served(cluster, newest), timeout=60, describe=f"{newest} no longer served (CRD of {rev})")
-    helm("install", RELEASE, str(old_chart), "--namespace", namespace, "--set", "image.tag=dev")
+    adopt = () if (old_chart / "crds").is_dir() else ADOPT_CRD
+    helm("install", RELEASE, str(old_chart), "--namespace", namespace, "--set", "image.tag=dev", *adopt)
     job = cluster.kubectl("create", "-n", namespace, "-o", "json", "-f", "-", stdin=yaml.safe_dump({
         "apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": "before"},
         "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "worker", "image": "w:1",

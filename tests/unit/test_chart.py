@@ -243,6 +243,35 @@ def test_optional_pieces(render: Render) -> None:
     assert one(objs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "existing"
 
 
+def _multikueue_roles(objs: list[Obj]) -> dict[str, tuple[dict[tuple[str, str], set[str]], list[Obj]]]:
+    """ClusterRole name -> (its rules as (apiGroup, resource) -> verbs, its binding's subjects), MultiKueue's only."""
+    bindings = {b["roleRef"]["name"]: b["subjects"] for b in by_kind(objs, "ClusterRoleBinding")}
+    return {r["metadata"]["name"]: ({(g, res): set(rule["verbs"]) for rule in r["rules"]
+                                     for g in rule["apiGroups"] for res in rule["resources"]},
+                                    bindings[r["metadata"]["name"]])
+            for r in by_kind(objs, "ClusterRole") if "multikueue" in r["metadata"]["name"]}
+
+
+def test_multikueue_rbac_is_off_by_default_and_grants_kueue_exactly_what_its_adapter_uses(render: Render) -> None:
+    """Issue 45 #6: Kueue's generic MultiKueue adapter watches DDPJobs and patches their status in the manager, and
+    creates, reads and deletes the copies in a worker; nothing else (docs/scheduling.md, "More than one cluster")."""
+    assert _multikueue_roles(render()) == {}
+    roles = _multikueue_roles(render("multiKueue.manager.enabled=true"))
+    assert roles == {"ddpjob-system-ddpjob-operator-multikueue-manager": (
+        {("ddpjob.io", "ddpjobs"): {"get", "list", "watch"}, ("ddpjob.io", "ddpjobs/status"): {"patch"}},
+        [{"kind": "ServiceAccount", "name": "kueue-controller-manager", "namespace": "kueue-system"}])}
+    user = "multiKueue.worker.subjects[0].kind=User,multiKueue.worker.subjects[0].name=mk"
+    roles = _multikueue_roles(render("multiKueue.worker.enabled=true", user))
+    assert roles == {"ddpjob-system-ddpjob-operator-multikueue-worker": (
+        {("ddpjob.io", "ddpjobs"): {"create", "delete", "get", "list", "watch"}},
+        [{"kind": "User", "name": "mk", "apiGroup": "rbac.authorization.k8s.io"}])}
+    (_, subjects), = _multikueue_roles(render("multiKueue.worker.enabled=true")).values()
+    assert subjects == [{"kind": "ServiceAccount", "name": "multikueue-sa", "namespace": "kueue-system"}]
+    with pytest.raises(subprocess.CalledProcessError) as refused:
+        render("multiKueue.worker.enabled=true", "multiKueue.worker.subjects=null")
+    assert "multiKueue.worker.enabled needs multiKueue.worker.subjects" in refused.value.stderr
+
+
 def test_alerts_and_dashboard_are_off_by_default_and_one_flag_each(render: Render) -> None:
     assert not by_kind(render(), "PrometheusRule") and not by_kind(render(), "ConfigMap")
     rule = one(render("metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=prom",
@@ -312,6 +341,8 @@ def test_unsafe_lease_timings_are_refused_as_the_operator_refuses_them(render: R
     "image.pullPolicy=Sometimes",
     "liveness.port=70000",
     "imageRegistry=https://registry.example/ml",
+    "multiKueue.worker.subjects[0].kind=ServiceAccount,multiKueue.worker.subjects[0].name=x",  # no namespace
+    "multiKueue.manager.serviceAccount.name=",
 ])
 def test_schema_rejects_unknown_or_invalid_values(helm: Path, bad: str) -> None:
     proc = subprocess.run([str(helm), "template", "x", str(CHART), KUBE, "--set", bad], capture_output=True, text=True)

@@ -21,7 +21,7 @@ from ddpjob_operator.planner import open_incident
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.children import builders, inject
 from ddpjob_operator.planner.conditions import FINISHED_TYPES, aux_conditions, finished_conditions
-from ddpjob_operator.planner.kueue import admission, multikueue
+from ddpjob_operator.planner.kueue import admission, multikueue, suspension
 from ddpjob_operator.planner.kueue import workload as kueue
 from ddpjob_operator.planner.kueue.admission import KueueInputs, WorkloadWrite
 from ddpjob_operator.planner.observation import PodView
@@ -110,6 +110,7 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
     if kueue.queue_name(job) is not None:
         view = admission.workload_view(job, observed.children)
         result.workload_writes += admission.adopt(job, observed.children)
+        result.workload_writes += suspension.writes(kueue.workload_name(job), view, suspended=False, pods_active=False)
         gate = admission.gate(job, view, observed.pods, observed.kueue)
         ps.aux += admission.conditions(gate, view)
         if not gate.run or view is None:
@@ -299,7 +300,13 @@ def _state(ps: Pass, decision: incidents.Decision) -> st.Outcome:
 
 
 def _suspended(result: Plan, ps: Pass) -> Plan:
-    """Suspended: no pods, but the PVC, the Service and the counts stay."""
+    """Suspended: no pods, but the PVC, the Service and the counts stay; a queued job's Workload is deactivated
+    (kueue/suspension.py)."""
+    if kueue.queue_name(ps.job) is not None:
+        view = admission.workload_view(ps.job, ps.obs.children)
+        result.workload_writes += admission.adopt(ps.job, ps.obs.children)
+        result.workload_writes += suspension.writes(kueue.workload_name(ps.job), view, suspended=True,
+                                                    pods_active=admission.pods_active(ps.job, ps.obs.pods))
     return _held(result, ps, reasons.SUSPENDED, None)
 
 

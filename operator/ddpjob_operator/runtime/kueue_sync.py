@@ -1,6 +1,7 @@
 """The operator's Kueue reads and writes around a pass: before it, the job's WorkloadPriorityClass (to build its
 Workload) and its admission's ResourceFlavors (to place its pods), both kept in the job's memory; after it, the
-Workload status writes the plan asks for (give the quota back after an eviction, mark it Finished)."""
+Workload writes the plan asks for (give the quota back after an eviction, mark it Finished, own a prebuilt one,
+deactivate it for a suspend)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from ddpjob_operator.runtime.memory import JobMemory
 
 log = logging.getLogger("ddpjob.kueue")
 _GROUP_VERSION = API_VERSIONS[kueue.WORKLOAD]
+#: Writes to the Workload object rather than its status: its owner, and spec.active.
+_OBJECT_OPS = frozenset({"adopt", "deactivate", "activate"})
 
 
 async def read_inputs(kube: Kube, job: DDPJob, children: Mapping[tuple[str, str], ChildView],
@@ -56,10 +59,11 @@ async def write(kube: Kube, job: Mapping[str, Any], writes: Sequence[WorkloadWri
         obj = await kube.get(_GROUP_VERSION, kueue.WORKLOAD, namespace, w.name)
         if obj is None:
             continue
-        patch = _owned(obj, job) if w.op == "adopt" else _patch(obj, w, now)
-        if await kube.patch_workload(namespace, w.name, patch, status=w.op != "adopt"):
+        on_object = w.op in _OBJECT_OPS
+        patch = _owned(obj, job) if w.op == "adopt" else _activity(obj, w.op) if on_object else _patch(obj, w, now)
+        if await kube.patch_workload(namespace, w.name, patch, status=not on_object):
             done = {"clear": "quota given back", "podsready": f"PodsReady={w.succeeded}", "finish": "marked Finished",
-                    "adopt": "owned by its job"}
+                    "adopt": "owned by its job", "deactivate": "deactivated", "activate": "active again"}
             log.info("workload=%s/%s %s (%s)", namespace, w.name, done[w.op], w.reason)
 
 
@@ -69,6 +73,15 @@ def _owned(obj: Mapping[str, Any], job: Mapping[str, Any]) -> dict[str, Any]:
     refs = adopt({"metadata": {"ownerReferences": list(meta.get("ownerReferences") or [])}}, job)
     return {"metadata": {"resourceVersion": meta.get("resourceVersion"),
                          "ownerReferences": refs["metadata"]["ownerReferences"]}}
+
+
+def _activity(obj: Mapping[str, Any], op: str) -> dict[str, Any]:
+    """Merge patch: spec.active for a suspend ("deactivate", marked as the operator's) or a resume ("activate")."""
+    meta = obj.get("metadata") or {}
+    mark = "true" if op == "deactivate" else None
+    return {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                         "annotations": {kueue.SUSPENDED_ANNOTATION: mark}},
+            "spec": {"active": op == "activate"}}
 
 
 def _patch(obj: Mapping[str, Any], w: WorkloadWrite, now: datetime) -> dict[str, Any]:

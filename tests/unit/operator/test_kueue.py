@@ -113,6 +113,15 @@ class KueueCluster(FakeCluster):
                 {"name": "workers", "count": count, "flavors": {"cpu": "spot"}},
                 {"name": "rendezvous", "count": 1, "flavors": {"cpu": "spot"}}]}}
 
+    def run_admitted(self) -> None:
+        """Three passes: the Workload made, admitted, the pods created and Running."""
+        self.step(at(0))
+        self.admit()
+        self.step(at(1))
+        for pod in self.pods.values():
+            pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        self.step(at(2))
+
     def evict(self) -> None:
         self.workload["status"]["conditions"].append(
             {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "Preempted to accommodate job-hi"})
@@ -150,12 +159,7 @@ def test_elastic_job_partially_admitted_runs_the_admitted_count() -> None:
 
 def test_eviction_stops_the_pods_then_gives_the_quota_back_without_an_incident() -> None:
     c = KueueCluster(queued().obj())
-    c.step(at(0))
-    c.admit()
-    c.step(at(1))
-    for pod in c.pods.values():
-        pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-    c.step(at(2))
+    c.run_admitted()
     c.evict()
     p = c.step(at(3))
     assert sorted(d.reason for d in p.delete_pods) == ["Preempted"] * 3

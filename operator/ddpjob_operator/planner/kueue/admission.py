@@ -31,11 +31,12 @@ ADMITTED = reasons.ADMITTED
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class WorkloadWrite:
-    """A write to the job's Workload status: give the quota back after an eviction, or mark it Finished."""
+    """A write to the job's Workload: give the quota back, mark it Finished, own it, (de)activate it."""
 
     name: str
     op: str
-    """"clear", "podsready", "finish" or "adopt" (a prebuilt Workload gets the job as its controller owner)."""
+    """"clear", "podsready", "finish" (its status); "adopt" (a prebuilt Workload gets the job as its controller
+    owner); "deactivate", "activate" (spec.active for a suspend and a resume: kueue/suspension.py)."""
     reason: str
     message: str
     succeeded: bool = False
@@ -82,11 +83,15 @@ def desired(job: DDPJob, inputs: KueueInputs) -> list[Obj]:
                                  inputs.priority)]
 
 
+def pods_active(job: DDPJob, pods: Sequence[PodView]) -> bool:
+    """Whether a pod of the job still runs or terminates: an evicted Workload keeps its quota until none does."""
+    return any(p.active or (not p.gone and p.deleting) for p in pods if p.owner_uid == job.uid)
+
+
 def gate(job: DDPJob, view: WorkloadView | None, pods: Sequence[PodView], inputs: KueueInputs) -> gating.Gate:
     """May the job run its pods this pass (kueue/gate.py)."""
-    active = any(p.active or (not p.gone and p.deleting) for p in pods if p.owner_uid == job.uid)
-    return gating.decide(kueue.workload_name(job), kueue.queue_name(job) or "", view, pods_active=active,
-                           priority_missing=inputs.priority_missing)
+    return gating.decide(kueue.workload_name(job), kueue.queue_name(job) or "", view,
+                         pods_active=pods_active(job, pods), priority_missing=inputs.priority_missing)
 
 
 def placements(job: DDPJob, view: WorkloadView, inputs: KueueInputs) -> dict[str, Placement]:

@@ -30,6 +30,9 @@ JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 #: Kueue's label naming a Workload made for the job before the job existed: MultiKueue puts it on the copy of a job it
 #: creates in a worker cluster, whose Workload it created there first (jobframework's "prebuilt workload").
 PREBUILT_LABEL = "kueue.x-k8s.io/prebuilt-workload-name"
+#: On a Workload the operator deactivated because its job was suspended (spec.runPolicy.suspend): only such a
+#: Workload is activated again when the job resumes; one that Kueue or an admin deactivated stays as they left it.
+SUSPENDED_ANNOTATION = f"{GROUP}/suspended"
 #: Pod sets of a DDPJob's Workload: the worker pods (spares included) and the rendezvous pod.
 WORKERS, RENDEZVOUS = "workers", "rendezvous"
 
@@ -115,6 +118,10 @@ class WorkloadView:
     """Pod set -> (admitted count, resource -> flavor)."""
     updates: Mapping[str, Obj]
     """Pod set -> the admission checks' podSetUpdates merged (labels, annotations, nodeSelector, tolerations)."""
+    active: bool = True
+    """spec.active: False once deactivated (Kueue then evicts it and admits it no more until it is active again)."""
+    suspended_by_job: bool = False
+    """The operator deactivated it because the job was suspended (SUSPENDED_ANNOTATION)."""
 
     def true(self, ctype: str) -> bool:
         cond = self.conditions.get(ctype)
@@ -139,8 +146,10 @@ class WorkloadView:
                 for key in ("labels", "annotations", "nodeSelector"):
                     merged.setdefault(key, {}).update(u.get(key) or {})
                 merged.setdefault("tolerations", []).extend(u.get("tolerations") or [])
+        annotations = (obj.get("metadata") or {}).get("annotations") or {}
         return cls(conditions=conds, cluster_queue=admission.get("clusterQueue"), assignments=assignments,
-                   updates=updates)
+                   updates=updates, active=(obj.get("spec") or {}).get("active") is not False,
+                   suspended_by_job=annotations.get(SUSPENDED_ANNOTATION) == "true")
 
 
 def placement(view: WorkloadView, pod_set: str, flavors: Mapping[str, Obj], default_count: int) -> Placement:
