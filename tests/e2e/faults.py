@@ -4,11 +4,14 @@ operator down while a worker is lost. Each fault names how many incidents the op
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,34 @@ class LogCapture:
     def __call__(self) -> None:
         self.texts = t.merge_logs(self.texts, t.capture_logs(self.cluster, self.ns, JOB))
         CAPTURED[self.ns] = self.texts  # run_job writes them out if the scenario fails
+
+    @contextlib.contextmanager
+    def followed(self) -> Iterator[None]:
+        """Streams each worker pod's log while the block runs (`kubectl logs -f`, into files: a pipe nobody reads
+        would stall it), so a pod deleted in the block keeps every line to its end. Polling alone lost a Kueue-evicted
+        worker's last lines, its SIGTERM checkpoint's, when two other runs loaded the machine (CI, 2026-12-06)."""
+        with tempfile.TemporaryDirectory(prefix="ddpjob-logs-") as tmp:
+            procs: dict[str, tuple[subprocess.Popen[bytes], Path]] = {}
+            for pod in t.worker_pods(self.cluster, self.ns, JOB):
+                name, labels = pod["metadata"]["name"], pod["metadata"]["labels"]
+                if labels.get("ddpjob.io/replica-type") != "worker":
+                    continue
+                path = Path(tmp) / name
+                with path.open("wb") as out:
+                    procs[f"{name}@{pod['metadata']['uid'][:8]}"] = (subprocess.Popen(
+                        ["kubectl", f"--kubeconfig={self.cluster.kubeconfig}", "logs", "-f", "-n", self.ns, name,
+                         "-c", "worker", "--timestamps"], stdout=out, stderr=subprocess.DEVNULL), path)
+            try:
+                yield
+            finally:
+                for proc, _ in procs.values():  # ended with their containers, or still following a live one
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(timeout=10)
+                    proc.kill()
+                    proc.wait()
+                followed = {key: path.read_text(errors="replace") for key, (_, path) in procs.items()}
+                self.texts = t.merge_logs(self.texts, followed)
+                CAPTURED[self.ns] = self.texts
 
 
 @dataclass(frozen=True)

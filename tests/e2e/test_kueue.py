@@ -72,8 +72,6 @@ def _preempt(env: Env, ns: str, created: float) -> dict[str, Any]:
     high = t.ddpjob_manifest(HIGH, ns, node_selector=env.node_selector, args=HIGH_ARGS,
                              labels={"kueue.x-k8s.io/queue-name": "q", "kueue.x-k8s.io/priority-class": PRIORITIES[1]})
     evicted = time.time()
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps(high))
-    t.log(f"kueue-preempt: high-priority job {ns}/{HIGH} created")
 
     def released() -> bool:  # the evicted workers' logs (their SIGTERM checkpoint) go with them: read them meanwhile
         capture()
@@ -81,8 +79,11 @@ def _preempt(env: Env, ns: str, created: float) -> dict[str, Any]:
         gone = not [p for p in t.worker_pods(cluster, ns, JOB) if p.get("status", {}).get("phase") == "Running"]
         return gone and not low.get("status", {}).get("admission")
 
-    wait_for(released, timeout=120, interval=0.5, describe="the low job's pods gone and its quota released",
-             state=lambda: t.describe_job(cluster, ns, JOB))
+    with capture.followed():
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(high))
+        t.log(f"kueue-preempt: high-priority job {ns}/{HIGH} created")
+        wait_for(released, timeout=120, interval=0.5, describe="the low job's pods gone and its quota released",
+                 state=lambda: t.describe_job(cluster, ns, JOB))
     released_at = time.time()
     queued = t.job_status(cluster, ns, JOB)
     t.wait_job_state(cluster, ns, HIGH, "Succeeded", timeout=600)  # a whole run of its own, on a busy machine
