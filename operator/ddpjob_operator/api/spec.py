@@ -58,6 +58,13 @@ def manager_of(body: Mapping[str, Any]) -> str | None:
     return None if value in (None, "", OPERATOR_MANAGER) else str(value)
 
 
+def managed_elsewhere(body: Mapping[str, Any]) -> str | None:
+    """The controller that runs the job so that this operator neither plans nor judges it: any spec.managedBy but
+    MultiKueue's, whose manager cluster gets the job's Workload from this operator (kueue/multikueue.py)."""
+    manager = manager_of(body)
+    return None if manager == MULTIKUEUE_MANAGER else manager
+
+
 class InvalidSpec(ValueError):
     """A DDPJob spec the operator cannot run; ``field`` is its path (``spec.elastic.maxReplicas``)."""
 

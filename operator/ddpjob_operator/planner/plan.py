@@ -16,7 +16,7 @@ from typing import Any
 
 from ddpjob_operator.api import names, reasons
 from ddpjob_operator.api.formats import format_time, parse_time, truncate
-from ddpjob_operator.api.spec import MULTIKUEUE_MANAGER, InvalidSpec, parse_ddpjob
+from ddpjob_operator.api.spec import MULTIKUEUE_MANAGER, DDPJob, InvalidSpec, parse_ddpjob
 from ddpjob_operator.planner import open_incident
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.children import builders, inject
@@ -24,6 +24,7 @@ from ddpjob_operator.planner.conditions import FINISHED_TYPES, aux_conditions, f
 from ddpjob_operator.planner.kueue import admission, multikueue, suspension
 from ddpjob_operator.planner.kueue import workload as kueue
 from ddpjob_operator.planner.kueue.admission import KueueInputs, WorkloadWrite
+from ddpjob_operator.planner.kueue.workload import WorkloadView
 from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.pass_state import Pass, begin
 from ddpjob_operator.planner.policies import (
@@ -105,12 +106,11 @@ def _plan(body: Mapping[str, Any], observed: Observed, now: datetime) -> Plan:
         return _finish(result, ps, outcome)
     if observed.rejected is not None:  # found by this pass's own create: the job fails, its history kept
         return _fail(result, ps, *rejected.failure(observed.rejected))
+    queued = kueue.queue_name(job) is not None
+    view = _workload_upkeep(result, job, observed) if queued else None
     if policy.suspend:
         return _suspended(result, ps)
-    if kueue.queue_name(job) is not None:
-        view = admission.workload_view(job, observed.children)
-        result.workload_writes += admission.adopt(job, observed.children)
-        result.workload_writes += suspension.writes(kueue.workload_name(job), view, suspended=False, pods_active=False)
+    if queued:
         gate = admission.gate(job, view, observed.pods, observed.kueue)
         ps.aux += admission.conditions(gate, view)
         if not gate.run or view is None:
@@ -299,14 +299,19 @@ def _state(ps: Pass, decision: incidents.Decision) -> st.Outcome:
     return st.Outcome(state=st.CREATED, reason=reasons.WORKERS_STARTING, message=msg)
 
 
+def _workload_upkeep(result: Plan, job: DDPJob, observed: Observed) -> WorkloadView | None:
+    """A queued job's Workload as seen, and this pass's writes to keep it the job's: its owner (a prebuilt one) and
+    spec.active following spec.runPolicy.suspend (kueue/suspension.py)."""
+    view = admission.workload_view(job, observed.children)
+    result.workload_writes += admission.adopt(job, observed.children)
+    result.workload_writes += suspension.writes(kueue.workload_name(job), view, suspended=job.spec.run_policy.suspend,
+                                                pods_active=admission.pods_active(job, observed.pods))
+    return view
+
+
 def _suspended(result: Plan, ps: Pass) -> Plan:
     """Suspended: no pods, but the PVC, the Service and the counts stay; a queued job's Workload is deactivated
-    (kueue/suspension.py)."""
-    if kueue.queue_name(ps.job) is not None:
-        view = admission.workload_view(ps.job, ps.obs.children)
-        result.workload_writes += admission.adopt(ps.job, ps.obs.children)
-        result.workload_writes += suspension.writes(kueue.workload_name(ps.job), view, suspended=True,
-                                                    pods_active=admission.pods_active(ps.job, ps.obs.pods))
+    (_workload_upkeep)."""
     return _held(result, ps, reasons.SUSPENDED, None)
 
 

@@ -17,7 +17,7 @@ from typing import Any, cast
 import kopf
 
 from ddpjob_operator.api.formats import truncate
-from ddpjob_operator.api.spec import MULTIKUEUE_MANAGER, QUEUE_LABEL, InvalidSpec, manager_of, parse_ddpjob
+from ddpjob_operator.api.spec import QUEUE_LABEL, InvalidSpec, managed_elsewhere, parse_ddpjob
 from ddpjob_operator.kube import podwatch
 from ddpjob_operator.kube.client import Kube, NamespaceTerminating, Rejected
 from ddpjob_operator.kube.identity import WorkerIdentity
@@ -162,8 +162,8 @@ class Controller:
         """Whether another controller runs this job (spec.managedBy, immutable): then nothing of it is planned,
         created or written here, as batch/v1's Job controller leaves a Job with a managedBy of another. Said once.
         MultiKueue is the exception: on its manager cluster the job's pass makes its Workload, nothing else."""
-        manager = manager_of(body)
-        if manager in (None, MULTIKUEUE_MANAGER):  # MultiKueue's: its Workload is made here (kueue/multikueue.py)
+        manager = managed_elsewhere(body)
+        if manager is None:
             return False
         if self.foreign.get(key) != manager:
             log.info("job=%s/%s is managed by %s (spec.managedBy): this operator leaves it alone", *key, manager)

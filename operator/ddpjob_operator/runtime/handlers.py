@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from ddpjob_operator.api import names
-from ddpjob_operator.api.spec import GROUP, MULTIKUEUE_MANAGER, PLURAL, VERSION, InvalidSpec, manager_of, parse_ddpjob
+from ddpjob_operator.api.spec import GROUP, PLURAL, VERSION, InvalidSpec, managed_elsewhere, parse_ddpjob
 from ddpjob_operator.kube.client import API_VERSIONS, LIST_PAGE, Kube, watch_resource
 from ddpjob_operator.kube.identity import IDENTITY_RESOURCES
 from ddpjob_operator.runtime.controller import Controller
@@ -85,7 +85,7 @@ async def ddpjob_event(
     controller.start(Kube(_settings[-1], logging.getLogger("ddpjob.kube")))
     body = event["object"]  # the plain dict: every read through kopf.Body resolves a path
     controller.job_seen(type, body)
-    if type != "DELETED" and manager_of(body) in (None, MULTIKUEUE_MANAGER):  # not another controller's to judge
+    if type != "DELETED" and managed_elsewhere(body) is None:  # not another controller's to judge
         try:
             parse_ddpjob(body)
         except InvalidSpec as err:

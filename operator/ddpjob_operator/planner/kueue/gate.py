@@ -26,6 +26,16 @@ class Gate:
     """Give the quota back now (the eviction's reason): evicted, still holding quota, and no pod active."""
 
 
+def clear_now(view: WorkloadView, *, pods_active: bool) -> str | None:
+    """The eviction's reason when an evicted Workload's quota should be given back now: it still holds quota and no
+    pod of the job is active (the pods first: each worker checkpoints on SIGTERM). None otherwise."""
+    evicted = view.conditions.get(reasons.EVICTED)
+    if evicted is None or not evicted.status:
+        return None
+    holding = view.cluster_queue is not None or view.true("QuotaReserved")
+    return evicted.reason if holding and not pods_active else None
+
+
 def decide(workload: str, queue: str, view: WorkloadView | None, *, pods_active: bool,
            priority_missing: str | None = None) -> Gate:
     """The gate of a job in LocalQueue ``queue`` whose Workload ``workload`` looks like ``view`` (None: it does not
@@ -35,14 +45,13 @@ def decide(workload: str, queue: str, view: WorkloadView | None, *, pods_active:
     if view is None:
         return Gate(False, reasons.WORKLOAD_CREATED, f"waiting for Kueue: Workload {workload} created in LocalQueue "
                     f"{queue}{'; its pods were stopped' if pods_active else ''}")
-    evicted = view.conditions.get("Evicted")
+    evicted = view.conditions.get(reasons.EVICTED)
     if evicted is not None and evicted.status:
-        holding = view.cluster_queue is not None or view.true("QuotaReserved")
         then = ("stopping its pods (each worker checkpoints on SIGTERM)" if pods_active
                 else "waiting to be admitted again")
         return Gate(False, reasons.PREEMPTED,  # the eviction's own reason is in the message
                     f"evicted by Kueue ({evicted.reason}): {evicted.message}; {then}",
-                    clear_admission=evicted.reason if holding and not pods_active else None)
+                    clear_admission=clear_now(view, pods_active=pods_active))
     if view.true("Finished"):
         finished = view.conditions["Finished"]
         return Gate(False, reasons.WORKLOAD_FINISHED, f"Workload {workload} is Finished ({finished.reason}: "

@@ -16,6 +16,7 @@ stays inactive, as Kueue's jobframework leaves it.
 from __future__ import annotations
 
 from ddpjob_operator.api import reasons
+from ddpjob_operator.planner.kueue import gate
 from ddpjob_operator.planner.kueue.admission import WorkloadWrite
 from ddpjob_operator.planner.kueue.workload import WorkloadView
 
@@ -33,9 +34,8 @@ def writes(workload: str, view: WorkloadView | None, *, suspended: bool, pods_ac
             return []
         return [WorkloadWrite(workload, "activate", reasons.RESUMED, RESUMED)]
     out = [] if not view.active else [WorkloadWrite(workload, "deactivate", reasons.SUSPENDED, SUSPENDED)]
-    evicted = view.conditions.get(reasons.EVICTED)
-    holding = view.cluster_queue is not None or view.true("QuotaReserved")
-    if evicted is not None and evicted.status and holding and not pods_active:
-        out.append(WorkloadWrite(workload, "clear", evicted.reason, f"evicted by Kueue ({evicted.reason}): "
-                                 f"{evicted.message}; the job is suspended"))
+    if (reason := gate.clear_now(view, pods_active=pods_active)) is not None:
+        message = view.conditions[reasons.EVICTED].message
+        out.append(WorkloadWrite(workload, "clear", reason, f"evicted by Kueue ({reason}): {message}; the job is "
+                                 "suspended"))
     return out
