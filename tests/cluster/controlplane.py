@@ -240,13 +240,17 @@ status:
 """
 
 
-def up(directory: Path, real_node: bool = False, nodes: int = 1, addons: bool = True) -> ClusterState:
+def up(directory: Path, real_node: bool = False, nodes: int = 1, addons: bool = True,
+       nodes_later: bool = False) -> ClusterState:
     """Start the control plane in `directory` (created if needed); on any failure, undo what was started.
 
     real_node: also run a real node (tests/cluster/node.py): the apiserver then binds and advertises the node's
     bridge address so pods reach it through the `kubernetes` Service. nodes: how many real nodes (node 1.. each in
     its own network namespace, tests/cluster/netnodes.py). addons=False: without Kueue and scheduler-plugins, and
-    with a real node without kwok (none of them built): a plain cluster, as `make demo` needs (issue 44)."""
+    with a real node without kwok (none of them built): a plain cluster, as `make demo` needs (issue 44).
+    nodes_later: no real node yet, but ready for `node.join` to add them once the machine's one real-node slot is
+    free (a second cluster beside a real-node one, tests/e2e/test_multikueue.py): the apiserver binds every address
+    and advertises the bridge address the nodes will have, and kwok's nodes are tainted from the start."""
     t0 = time.monotonic()
     directory = directory.resolve()
     if (old := ClusterState.load(directory)) is not None:
@@ -260,7 +264,7 @@ def up(directory: Path, real_node: bool = False, nodes: int = 1, addons: bool = 
             from tests.cluster import node
 
             host = node.prepare(directory, t0, nodes)
-        _up(state, t0, host, addons)
+        _up(state, t0, host, addons, advertise=node_ip() if nodes_later else "")
         if real_node:
             node.start(state, t0)
     except BaseException:
@@ -306,11 +310,19 @@ def _start_kwok(state: ClusterState, binary: str, t0: float) -> None:
     _wait("kwok", kwok, nodes_ready, state, 60)
 
 
-def _up(state: ClusterState, t0: float, host: str = "127.0.0.1", addons: bool = True) -> None:
+def node_ip() -> str:
+    from tests.cluster.node import NODE_IP
+
+    return NODE_IP
+
+
+def _up(state: ClusterState, t0: float, host: str = "127.0.0.1", addons: bool = True, advertise: str = "") -> None:
     d = Path(state.dir)
     # With a real node the apiserver listens on the node's bridge address so pods reach it (node.py publishes it as
     # the `kubernetes` Service's endpoint; the lease reconciler would hang the apiserver's shutdown once etcd is gone).
-    real = host != "127.0.0.1"
+    # Nodes that join later: that address does not exist yet, so every address (loopback for the clients until then).
+    real = host != "127.0.0.1" or bool(advertise)
+    bind, advertise = ("0.0.0.0", advertise) if advertise else (host, host)
     pki = d / "pki"
     extra = (gang_scheduler.NAME, kueue.NAME) if addons else ()
     # kwok's nodes are for tests without a real node, or beside one (tainted) for the tests that want both; a plain
@@ -319,7 +331,7 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1", addons: bool = 
     bins = {n: str(tool(n)) for n in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler",
                                       *(("kwok",) if with_kwok else ()), *extra)}
     log("certificates", t0)
-    make_pki(pki, extra_sans=(f"IP:{host}",) if real else ())
+    make_pki(pki, extra_sans=(f"IP:{advertise}",) if real else ())
     for name in ("etcd", "etcd-peer", "apiserver", "kcm", "scheduler", "kwok", *extra[:1]):
         state.ports[name] = free_port()
     state.save()
@@ -341,7 +353,7 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1", addons: bool = 
     log("kube-apiserver", t0)
     api = _start(state, "kube-apiserver", [
         bins["kube-apiserver"], f"--etcd-servers={etcd_url}",
-        f"--bind-address={host}", f"--advertise-address={host}", f"--secure-port={state.ports['apiserver']}",
+        f"--bind-address={bind}", f"--advertise-address={advertise}", f"--secure-port={state.ports['apiserver']}",
         f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
         f"--client-ca-file={pki / 'ca.crt'}",
         "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -395,6 +407,8 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1", addons: bool = 
         _wait(gang_scheduler.NAME, gang, lambda: _insecure_ok(gang_health), state)
     if with_kwok:
         _start_kwok(state, bins["kwok"], t0)
+        if real:  # kwok's untainted nodes would take the pods meant for real ones (node.start taints them too)
+            _kubectl(state, "taint", "nodes", "-l", "type=kwok", "kwok.x-k8s.io/node=fake:NoSchedule", "--overwrite")
     _kubectl(state, "apply", "-f", "-", stdin=STORAGE_CLASS)
 
     def default_sa() -> bool:

@@ -26,6 +26,7 @@ from tests.cluster import controlplane as cp
 from tests.cluster import netnodes
 from tests.cluster import node_host as h
 from tests.cluster.controlplane import ClusterState, StartError
+from tests.cluster.pki import write_kubeconfig
 
 TEMPLATES = cp.REPO / "hack" / "node"
 NODE_NAME = "ddpjob-node"
@@ -182,9 +183,11 @@ def prepare(directory: Path, t0: float, nodes: int = 1) -> str:
     return NODE_IP
 
 
-def start(state: ClusterState, t0: float) -> None:
+def start(state: ClusterState, t0: float, taint: str = "") -> None:
     """After the control plane: per node containerd, images, kubelet, kube-proxy; then CoreDNS, the DNS Service and
-    local PVs that every node can mount (they are directories on this one machine)."""
+    local PVs that every node can mount (they are directories on this one machine). ``taint``: each kubelet
+    registers its node with it (key=value:effect), for pods already waiting that must not start before the images
+    are in (tests/cluster/node_images.py shares them only while nothing runs)."""
     d = Path(state.dir)
     ns = NodeState.load(d)
     assert ns is not None, "prepare() first"
@@ -196,7 +199,7 @@ def start(state: ClusterState, t0: float) -> None:
     (nd / "volumes").mkdir(parents=True, exist_ok=True)
     for k in range(ns.nodes):
         cp.log(f"real node {ns.name_of(k)}: containerd, kubelet, kube-proxy", t0)
-        _start_node(state, ns, k, [images / "pause.tar", images / "probe.tar"])
+        _start_node(state, ns, k, [images / "pause.tar", images / "probe.tar"], taint)
     kubeconfig = str(state.kubeconfig)
     corefile = _render("Corefile", nd / "Corefile", node_ip=NODE_IP, kubeconfig=kubeconfig)
     coredns = _spawn(state, ns, "coredns", [str(_node_tool("coredns")), "-conf", str(corefile)])
@@ -227,6 +230,23 @@ def start(state: ClusterState, t0: float) -> None:
     cp.log(f"real nodes {', '.join(names)} ready; kwok nodes tainted kwok.x-k8s.io/node=fake:NoSchedule", t0)
 
 
+def join(state: ClusterState, nodes: int, taint: str = "") -> None:
+    """Real nodes for a control plane started with `up(..., nodes_later=True)`, once this machine's real-node slot
+    is free: `prepare` and `start` (``taint`` as there), with the kubeconfig now naming the bridge address (nodes 1..
+    reach the apiserver from their network namespaces, where loopback is their own; running clients keep the
+    loopback they read)."""
+    t0 = time.monotonic()
+    d = Path(state.dir)
+    try:
+        prepare(d, t0, nodes)
+        write_kubeconfig(state.kubeconfig, f"https://{NODE_IP}:{state.ports['apiserver']}", d / "pki")
+        start(state, t0, taint)
+    except BaseException:
+        stop(d)
+        down(d, quiet=True)
+        raise
+
+
 def _named(process: str, k: int) -> str:
     return f"{process}-{k}" if k else process
 
@@ -242,7 +262,7 @@ def _check_socket_paths(ns: NodeState) -> None:
                              f"use a cluster directory at least {len(path) - 104} bytes shorter")
 
 
-def _start_node(state: ClusterState, ns: NodeState, k: int, images: list[Path]) -> None:
+def _start_node(state: ClusterState, ns: NodeState, k: int, images: list[Path], taint: str = "") -> None:
     """containerd (with the small images), kubelet and kube-proxy of node k; node K>0 in its network namespace."""
     nd = ns.dir_of(k)
     for sub in ("containerd", "cni/net.d", "cni/ipam", "kubelet", "pod-logs", "volume-plugins"):
@@ -272,7 +292,7 @@ def _start_node(state: ClusterState, ns: NodeState, k: int, images: list[Path]) 
     _spawn(state, ns, _named("kubelet", k), [
         str(_node_tool("kubelet")), f"--config={kubelet_cfg}", f"--kubeconfig={state.kubeconfig}",
         f"--root-dir={nd / 'kubelet'}", f"--node-ip={ip}", f"--hostname-override={ns.name_of(k)}",
-        f"--node-labels={labels}",
+        f"--node-labels={labels}", *([f"--register-with-taints={taint}"] if taint else []),
         # A negative OOM score needs CAP_SYS_RESOURCE, which this VM lacks.
         "--oom-score-adj=0", "--v=1",
     ], k)

@@ -67,15 +67,19 @@ class S3Server:
 
     @classmethod
     def start(cls, directory: Path, host: str = "127.0.0.1", tls: tuple[Path, Path] | None = None,
-              ca: Path | None = None, timeout: float = 90.0) -> S3Server:
+              ca: Path | None = None, timeout: float = 90.0, outlive_bridge: bool = False) -> S3Server:
         """Start weed and return once an authenticated S3 request succeeds. ``tls``: (certificate, key) the server
-        presents; ``ca``: the bundle this fixture's own client trusts (for ``bucket``), needed with ``tls``."""
+        presents; ``ca``: the bundle this fixture's own client trusts (for ``bucket``), needed with ``tls``.
+        ``outlive_bridge``: serve on every address (its parts talk over loopback) while the endpoint names ``host``,
+        so the store outlives the real-node cluster that holds ``host`` and serves the next one that brings it back
+        (tests/e2e/test_multikueue.py)."""
         binary = weed_binary()
         if not binary.exists():
             raise FileNotFoundError(f"{binary} is not built: run hack/install-tools.sh")
+        ip, bind = ("127.0.0.1", "0.0.0.0") if outlive_bridge else (host, host)
         with socket.socket() as s:  # a clear error instead of weed's own when the address is not ours (yet)
             try:
-                s.bind((host, 0))
+                s.bind((bind, 0))
             except OSError as e:
                 raise RuntimeError(f"cannot bind {host} ({e}): for {pod_reachable_host()}, start a real-node "
                                    f"cluster first (make cluster-up NODE=real)") from None
@@ -92,7 +96,7 @@ class S3Server:
             (data / sub).mkdir()
         # No telemetry, WebDAV, admin UI, Iceberg or Lance endpoint, legacy admin port; no wait before a stop. The admin
         # server itself (and its maintenance worker) always runs, on loopback whatever the host.
-        argv = [str(binary), "-logtostderr=true", "-v=0", "mini", f"-ip={host}", f"-ip.bind={host}",
+        argv = [str(binary), "-logtostderr=true", "-v=0", "mini", f"-ip={ip}", f"-ip.bind={bind}",
                 f"-dir={data / 'volume'}", f"-master.dir={data / 'master'}", "-master.telemetry=false",
                 "-webdav=false", "-admin.ui=false", "-admin.port.legacy=0", "-s3.port.iceberg=0", "-s3.port.lance=0",
                 "-volume.preStopSeconds=0", f"-s3.config={data / 's3.json'}",

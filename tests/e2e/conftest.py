@@ -161,12 +161,14 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """test_up_down_leaves_nothing first, whatever the file names: it needs the machine's real-node slot, which
+    """test_up_down_leaves_nothing and tests marked ``own_real_nodes`` (clusters of their own) first, whatever the
+    file names: they need the machine's real-node slot, which
     the session cluster holds from the first test that uses it until the end. Tests marked ``exclusive`` last:
     they wait for the background runs to end and must come after every foreground fault (test_spares.py counts
     recoveries in the operator's /metrics, which every other job's recovery would add to). Tests marked
     ``uninstalls`` after those: they remove the session's operator and CRD (tests/e2e/test_install.py)."""
-    items.sort(key=lambda item: (item.name != "test_up_down_leaves_nothing",
+    items.sort(key=lambda item: (item.name != "test_up_down_leaves_nothing"
+                                 and item.get_closest_marker("own_real_nodes") is None,
                                  item.get_closest_marker("uninstalls") is not None,
                                  item.get_closest_marker("exclusive") is not None))
 
@@ -182,5 +184,7 @@ def _object_store_server() -> Iterator[None]:
 
 def pytest_configure(config: pytest.Config) -> None:
     # Registered here, not in pyproject.toml (which the images copy: a change there rebuilds them all).
+    config.addinivalue_line("markers", "own_real_nodes: starts real-node clusters of its own, not the session's "
+                            "(runs first, while the machine's one real-node slot is free)")
     config.addinivalue_line("markers", "extended: an e2e run beyond the default tier (users' frameworks, the object "
                             "store): `make e2e-extended` runs them, `make e2e` and CI leave them out")

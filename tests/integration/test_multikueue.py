@@ -3,9 +3,9 @@ with its own Kueue, kwok nodes and `ddpjob operator`. A DDPJob submitted to the 
 kueue.x-k8s.io/multikueue) runs in the worker with quota, its state and progress show on the manager (MultiKueue
 copies the worker copy's status back), and deleting it on the manager removes the copy and its pods.
 
-The clusters are tests/cluster/controlplane.py's, started once for this module; MultiKueue reaches each worker with a
-kubeconfig in a Secret, as a platform team sets it up (docs/scheduling.md, "More than one cluster"): the token of a
-ServiceAccount whose only DDPJob rights are the chart's `multiKueue.worker` grant."""
+The clusters are tests/cluster/controlplane.py's, started once for this module; MultiKueue is set up as a platform team
+does it (tests/integration/multikueue_support.py). The same with real nodes and an object store, where a lost worker
+cluster's job resumes in the other: tests/e2e/test_multikueue.py."""
 
 from __future__ import annotations
 
@@ -20,12 +20,9 @@ import pytest
 import yaml
 
 from tests.conftest import Cluster, wait_for
-from tests.integration.helm import CHART, RELEASE, Helm
-from tests.integration.kueue_support import Kueue, V, job, pods_of
-from tests.integration.operator_support import CRD_PATH, EXAMPLES, Jobs, OperatorProcess, Pool
-
-MULTIKUEUE = "kueue.x-k8s.io/multikueue"
-KUEUE_NAMESPACE = "kueue-system"
+from tests.integration.kueue_support import Kueue, job, pods_of
+from tests.integration.multikueue_support import MULTIKUEUE, WorkerCluster, connect
+from tests.integration.operator_support import CRD_PATH, Jobs, OperatorProcess, Pool
 
 
 @pytest.fixture(scope="module")
@@ -81,59 +78,6 @@ def workers(worker_clusters: list[Cluster], namespace: str, tmp_path: Path) -> I
             w.cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
-def _chart_roles(cluster: Cluster, role: str) -> None:
-    """The chart's RBAC for Kueue's MultiKueue in ``role`` (manager or worker), as `helm install --set
-    multiKueue.<role>.enabled=true` would create it."""
-    out = Helm(cluster)("template", RELEASE, str(CHART), "--kube-version=1.30.0", "--show-only",
-                        "templates/multikueue.yaml", "--set", f"multiKueue.{role}.enabled=true").stdout
-    cluster.kubectl("apply", "-f", "-", stdin=out)
-
-
-def _worker_kubeconfig(w: Worker) -> str:
-    """The kubeconfig MultiKueue reaches worker ``w`` with: its server and CA, and the token of manifests/examples/
-    multikueue/worker-access.yaml's ServiceAccount, whose DDPJob rights are the chart's (not the cluster admin's)."""
-    w.cluster.kubectl("apply", "-n", KUEUE_NAMESPACE, "-f", str(EXAMPLES / "multikueue" / "worker-access.yaml"))
-    _chart_roles(w.cluster, "worker")
-    token = w.cluster.kubectl("create", "token", "multikueue-sa", "-n", KUEUE_NAMESPACE, "--duration=1h").stdout
-    flat = yaml.safe_load(w.cluster.kubectl("config", "view", "--raw", "--flatten", "--minify").stdout)
-    flat["users"] = [{"name": "multikueue-sa", "user": {"token": token.strip()}}]
-    flat["contexts"][0]["context"]["user"] = "multikueue-sa"
-    return yaml.safe_dump(flat)
-
-
-def _multikueue(cluster: Cluster, kq: Kueue, namespace: str, workers: list[Worker]) -> None:
-    """The manager's side: a Secret with each worker's kubeconfig, MultiKueueClusters, a MultiKueueConfig, the
-    AdmissionCheck, and a ClusterQueue that asks for it."""
-    _chart_roles(cluster, "manager")
-    for w in workers:
-        flat = _worker_kubeconfig(w)
-        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": w.name, "namespace": KUEUE_NAMESPACE},
-                  "stringData": {"kubeconfig": flat}}
-        cluster.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
-    kq.apply(*[{"apiVersion": V, "kind": "MultiKueueCluster", "metadata": {"name": w.name},
-                "spec": {"clusterSource": {"kubeConfig": {"location": w.name, "locationType": "Secret"}}}}
-               for w in workers],
-             {"apiVersion": V, "kind": "MultiKueueConfig", "metadata": {"name": namespace},
-              "spec": {"clusters": [w.name for w in workers]}},
-             {"apiVersion": V, "kind": "AdmissionCheck", "metadata": {"name": namespace},
-              "spec": {"controllerName": MULTIKUEUE, "parameters": {
-                  "apiGroup": "kueue.x-k8s.io", "kind": "MultiKueueConfig", "name": namespace}}},
-             kq.flavor("a", namespace))
-    kq.queues([("a", "100")], admissionChecksStrategy={"admissionChecks": [{"name": namespace}]})
-
-    def active(kind: str, name: str) -> bool:
-        obj = json.loads(cluster.kubectl("get", kind, name, "-o", "json").stdout)
-        return any(c["type"] == "Active" and c["status"] == "True" for c in obj.get("status", {}).get("conditions", []))
-
-    for w in workers:
-        wait_for(lambda w=w: active("multikueueclusters.kueue.x-k8s.io", w.name), timeout=60,  # type: ignore[misc]
-                 describe=f"MultiKueueCluster {w.name} Active",
-                 state=lambda w=w: cluster.kubectl("get", "multikueueclusters.kueue.x-k8s.io", w.name, "-o",  # type: ignore[misc]
-                                                   "yaml").stdout)
-    wait_for(lambda: active("admissionchecks.kueue.x-k8s.io", namespace), timeout=60,
-             describe=f"AdmissionCheck {namespace} Active")
-
-
 def _copies(workers: list[Worker], name: str) -> dict[str, dict[str, Any]]:
     return {w.name: w.jobs.get(name) for w in workers if w.jobs.exists(name)}
 
@@ -141,7 +85,7 @@ def _copies(workers: list[Worker], name: str) -> dict[str, dict[str, Any]]:
 def test_a_job_submitted_to_the_manager_runs_in_the_worker_with_quota_and_shows_at_home(
     cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, kq: Kueue, workers: list[Worker]
 ) -> None:
-    _multikueue(cluster, kq, namespace, workers)
+    connect(cluster, kq, namespace, [WorkerCluster(w.name, w.cluster) for w in workers])
     jobs.apply(job("mk", 2, managedBy=MULTIKUEUE))
     w0 = workers[0]
     w0.jobs.running("mk", 2, timeout=120)
@@ -176,7 +120,7 @@ def test_a_suspend_on_the_manager_stops_the_copy_and_a_resume_dispatches_it_agai
     """spec.runPolicy.suspend on the manager: the operator deactivates the job's Workload there, Kueue evicts it, and
     MultiKueue deletes the copy and its pods in the worker; the manager's status says Suspended. Set back to false,
     the Workload is active again and MultiKueue dispatches a new copy, which runs."""
-    _multikueue(cluster, kq, namespace, workers)
+    connect(cluster, kq, namespace, [WorkerCluster(w.name, w.cluster) for w in workers])
     jobs.apply(job("mk", 2, managedBy=MULTIKUEUE))
     w0 = workers[0]
     first = w0.jobs.running("mk", 2, timeout=120)
@@ -211,7 +155,7 @@ def test_a_lost_worker_cluster_s_job_is_dispatched_to_the_other_and_runs_there(
     from tests.cluster.controlplane import down
     from tests.cluster.kueue import WORKER_LOST_TIMEOUT
 
-    _multikueue(cluster, kq, namespace, workers)
+    connect(cluster, kq, namespace, [WorkerCluster(w.name, w.cluster) for w in workers])
     jobs.apply(job("mk", 2, managedBy=MULTIKUEUE))
     w0, w1 = workers
     w0.jobs.running("mk", 2, timeout=120)
