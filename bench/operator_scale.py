@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -166,7 +167,25 @@ def start_operator(kubeconfig: Path, ns: str, log: Any) -> subprocess.Popen[byte
                             stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def run_operator_case(kubeconfig: Path, n: int, workers: int, logdir: Path, audit_log: Path) -> dict[str, Any]:
+def start_profiler(pid: int, out: Path | None) -> subprocess.Popen[bytes] | None:
+    """`py-spy record` of the operator (its folded stacks in ``out``) while a case runs; None without --profile."""
+    if out is None:
+        return None
+    spy = shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy on PATH (pip install py-spy)")
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "50", "--nonblocking",
+                             "--output", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profiler(spy: subprocess.Popen[bytes] | None) -> None:
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
+        spy.wait(60)
+
+
+def run_operator_case(kubeconfig: Path, n: int, workers: int, logdir: Path, audit_log: Path,
+                      profile: Path | None = None) -> dict[str, Any]:
     from kubernetes import client
 
     api = api_client(kubeconfig)
@@ -181,6 +200,7 @@ def run_operator_case(kubeconfig: Path, n: int, workers: int, logdir: Path, audi
         sel = "ddpjob.io/replica-type=worker"
         counter = PodCounter(api, ns, sel, n * workers)
         time.sleep(3)  # let kopf finish its initial listing before the clock starts
+        spy = start_profiler(op.pid, profile)
         cpu0 = proc_cpu_seconds(op.pid)
         t0 = time.monotonic()
         wall0 = time.time()
@@ -193,6 +213,7 @@ def run_operator_case(kubeconfig: Path, n: int, workers: int, logdir: Path, audi
         wall1 = time.time()
         cpu = proc_cpu_seconds(op.pid) - cpu0
         rss = proc_peak_rss_mb(op.pid)
+        stop_profiler(spy)
     finally:
         os.killpg(op.pid, signal.SIGTERM)
         op.wait(30)
@@ -202,7 +223,8 @@ def run_operator_case(kubeconfig: Path, n: int, workers: int, logdir: Path, audi
     op_requests = sum(v for k, v in by_ua.items() if not k.startswith(OTHER_UAS))
     return {
         "jobs": n, "workers": workers, "submit_s": t_submitted - t0, "all_pods_s": t_pods - t0,
-        "all_running_s": t_running - t0, "operator_cpu_s": cpu, "operator_peak_rss_mb": rss,
+        "all_running_s": t_running - t0, "operator_cpu_s": cpu, "operator_cpu_ms_per_job": 1000 * cpu / n,
+        "operator_peak_rss_mb": rss,
         "operator_requests": op_requests, "requests_per_job": op_requests / n, "requests_by_agent": by_ua,
         "operator_requests_by_call": dict(sorted(by_call.items(), key=lambda kv: -kv[1])),
     }
@@ -303,6 +325,8 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
     parser.add_argument("--baselines", nargs="+", choices=sorted(BASELINES), default=["same", "stub"],
                         help="bare-client baselines, each in its own namespace; the first is the ratio's")
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy record the operator in each case: <out>/operator-<N>.pyspy (folded stacks)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="ddpjob-bench-"))
@@ -323,7 +347,8 @@ def main() -> int:
         time.sleep(3)
         for n in args.jobs:
             print(f"--- {n} jobs x {args.workers} workers", flush=True)
-            op = run_operator_case(kubeconfig, n, args.workers, work, audit_log)
+            op = run_operator_case(kubeconfig, n, args.workers, work, audit_log,
+                                   args.out / f"operator-{n}.pyspy" if args.profile else None)
             print(json.dumps(op), flush=True)
             delete_namespace(kubeconfig, f"bench-op-{n}")
             case: dict[str, Any] = {"operator": op}
@@ -337,13 +362,13 @@ def main() -> int:
         down(cluster_dir, quiet=True)
     print()
     print(f"{'jobs':>5} {'pods exist s':>13} {'raw create s':>13} {'ratio':>6} {'all Running s':>14} "
-          f"{'raw Running s':>14} {'req/job':>8} {'op CPU s':>9} {'peak RSS MB':>12}")
+          f"{'raw Running s':>14} {'req/job':>8} {'op CPU s':>9} {'CPU ms/job':>11} {'peak RSS MB':>12}")
     for r in results:
         o, w = r["operator"], r["raw"]
         print(f"{o['jobs']:>5} {o['all_pods_s']:>13.1f} {w['all_pods_s']:>13.1f} "
               f"{o['all_pods_s'] / max(w['all_pods_s'], 1e-9):>6.2f} {o['all_running_s']:>14.1f} "
               f"{w['all_running_s']:>14.1f} {o['requests_per_job']:>8.1f} {o['operator_cpu_s']:>9.1f} "
-              f"{o['operator_peak_rss_mb']:>12.0f}")
+              f"{1000 * o['operator_cpu_s'] / o['jobs']:>11.1f} {o['operator_peak_rss_mb']:>12.0f}")
         for key, other in r.items():
             if key.startswith("raw_"):
                 ratio = o["all_pods_s"] / max(other["all_pods_s"], 1e-9)
