@@ -407,7 +407,9 @@ def _up(state: ClusterState, t0: float, host: str = "127.0.0.1", addons: bool = 
         _wait(gang_scheduler.NAME, gang, lambda: _insecure_ok(gang_health), state)
     if with_kwok:
         _start_kwok(state, bins["kwok"], t0)
-        if real:  # kwok's untainted nodes would take the pods meant for real ones (node.start taints them too)
+        # Beside real nodes (now or joining later), untainted kwok nodes would take Deployments (the operator) and
+        # the pods meant for real ones, and fake-run them.
+        if real:
             _kubectl(state, "taint", "nodes", "-l", "type=kwok", "kwok.x-k8s.io/node=fake:NoSchedule", "--overwrite")
     _kubectl(state, "apply", "-f", "-", stdin=STORAGE_CLASS)
 

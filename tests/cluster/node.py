@@ -225,8 +225,6 @@ def start(state: ClusterState, t0: float, taint: str = "") -> None:
     if "kwok" not in state.pids:  # a plain cluster (addons=False): no kwok nodes
         cp.log(f"real nodes {', '.join(names)} ready", t0)
         return
-    # Untainted kwok nodes would take Deployments (the operator) and fake-run them; real-node e2e wants real pods.
-    cp._kubectl(state, "taint", "nodes", "-l", "type=kwok", "kwok.x-k8s.io/node=fake:NoSchedule", "--overwrite")
     cp.log(f"real nodes {', '.join(names)} ready; kwok nodes tainted kwok.x-k8s.io/node=fake:NoSchedule", t0)
 
 

@@ -44,26 +44,36 @@ def stop() -> None:
             _server = None
 
 
-def job_store(cluster: Cluster, ns: str) -> dict[str, Any]:
-    """In ``ns``: the credentials Secret, the CA ConfigMap and a bucket of its own; returns the job's
-    spec.checkpoint.objectStore."""
-    server, ca = shared()
-    bucket = server.bucket(f"e2e-{uuid.uuid4().hex[:10]}")
-    objs = [
+def store_objects(server: S3Server, ca: Path, ns: str) -> list[dict[str, Any]]:
+    """The credentials Secret and the CA ConfigMap that store_spec's objectStore names, in ``ns``."""
+    return [
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-credentials", "namespace": ns},
          "stringData": {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}},
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "s3-ca", "namespace": ns},
          "data": {"ca.crt": ca.read_text()}},
     ]
-    cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+
+
+def store_spec(server: S3Server, bucket: str) -> dict[str, Any]:
+    """A job's spec.checkpoint.objectStore on ``server``'s ``bucket``, with store_objects' Secret and CA."""
     return {"endpoint": server.endpoint, "bucket": bucket, "credentialsSecret": "s3-credentials",
             "caBundle": {"configMap": "s3-ca"}}
 
 
-def uploaded(store: dict[str, Any], ns: str, job: str) -> list[str]:
-    """The checkpoints the job has in its bucket (the tier's unit records), as the test reads them."""
-    server, _ = shared()
-    client = server.client()
+def job_store(cluster: Cluster, ns: str) -> dict[str, Any]:
+    """In ``ns``: the credentials Secret, the CA ConfigMap and a bucket of its own; returns the job's
+    spec.checkpoint.objectStore."""
+    server, ca = shared()
+    bucket = server.bucket(f"e2e-{uuid.uuid4().hex[:10]}")
+    items = store_objects(server, ca, ns)
+    cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    return store_spec(server, bucket)
+
+
+def uploaded(store: dict[str, Any], ns: str, job: str, client: Any = None) -> list[str]:
+    """The checkpoints the job has in its bucket (the tier's unit records), as the test reads them; ``client``: an S3
+    client of another server than the session's (S3Server.client)."""
+    client = client or shared()[0].client()
     prefix = f"{ns}/{job}/units/"
     pages = client.get_paginator("list_objects_v2").paginate(Bucket=store["bucket"], Prefix=prefix)
     from urllib.parse import unquote

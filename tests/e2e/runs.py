@@ -55,10 +55,15 @@ class Run:
 
 def fresh_namespace(cluster: Cluster, prefix: str) -> str:
     ns = f"e2e-{prefix}-{uuid.uuid4().hex[:5]}"
+    create_namespace(cluster, ns)
+    return ns
+
+
+def create_namespace(cluster: Cluster, ns: str) -> None:
+    """``ns``, once its default ServiceAccount exists (pods need it)."""
     cluster.kubectl("create", "namespace", ns)
     wait_for(lambda: cluster.kubectl("get", "sa", "default", "-n", ns, check=False).returncode == 0,
              timeout=30, describe=f"default ServiceAccount in {ns}")
-    return ns
 
 
 Scenario = Callable[[Env, str, float], dict[str, Any]]

@@ -27,11 +27,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import Cluster, wait_for
-from tests.e2e import faults, results
+from tests.e2e import faults, objectstores, results
 from tests.e2e import training as t
 from tests.e2e.conftest import REAL_NODE_LABEL
 from tests.e2e.hostcheck import HostSnapshot
-from tests.e2e.runs import JOB
+from tests.e2e.runs import JOB, create_namespace
 from tests.integration.kueue_support import Kueue, V
 from tests.integration.multikueue_support import MULTIKUEUE, WorkerCluster, connect
 from tests.integration.operator_support import CRD_PATH, OperatorProcess
@@ -92,33 +92,21 @@ def clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Clusters]:
         assert not left, f"the real nodes left things behind after down: {left}"
 
 
-def _namespace(c: Clusters, ns: str, store: dict[str, Any]) -> None:
+def _namespace(c: Clusters, ns: str) -> None:
     """The namespace in every cluster, with the store's Secret and CA: MultiKueue copies the job, not what it
     references, so a platform team keeps these in every worker (docs/scheduling.md)."""
-    objs = [
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s3-credentials", "namespace": ns},
-         "stringData": {"AWS_ACCESS_KEY_ID": c.store.access_key, "AWS_SECRET_ACCESS_KEY": c.store.secret_key}},
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "s3-ca", "namespace": ns},
-         "data": {"ca.crt": c.ca.read_text()}},
-    ]
+    items = objectstores.store_objects(c.store, c.ca, ns)
     for cluster in (c.manager, c.a, c.b):
-        cluster.kubectl("create", "namespace", ns)
-        wait_for(lambda cluster=cluster: cluster.kubectl("get", "sa", "default", "-n", ns,  # type: ignore[misc]
-                                                         check=False).returncode == 0,
-                 timeout=30, describe="the default ServiceAccount")
-        cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objs}))
+        create_namespace(cluster, ns)
+        cluster.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 
 
 def _uploaded_steps(c: Clusters, store: dict[str, Any], ns: str) -> list[int]:
+    """The steps of the job's checkpoints in the store, read over loopback (the bridge comes and goes)."""
     from tests.cluster.node import NODE_IP
 
-    prefix = f"{ns}/{JOB}/units/"
     client = c.store.client(endpoint_url=c.store.endpoint.replace(NODE_IP, "127.0.0.1"))
-    pages = client.get_paginator("list_objects_v2").paginate(Bucket=store["bucket"], Prefix=prefix)
-    from urllib.parse import unquote
-
-    names = [unquote(o["Key"][len(prefix):].removesuffix(".json")) for p in pages for o in p.get("Contents", [])]
-    return sorted(int(m[1]) for n in names if (m := STEP_UNIT.search(n)))
+    return sorted(int(m[1]) for n in objectstores.uploaded(store, ns, JOB, client) if (m := STEP_UNIT.search(n)))
 
 
 def _created(cluster: Cluster, ns: str, *what: str) -> float:
@@ -135,9 +123,8 @@ def _status(cluster: Cluster, ns: str) -> dict[str, Any]:
 def test_a_lost_worker_cluster_s_job_resumes_in_the_other_from_the_object_store(clusters: Clusters,
                                                                                tmp_path: Path) -> None:
     c, ns = clusters, f"e2e-mk-{int(time.time()) % 100000}"
-    store = {"endpoint": c.store.endpoint, "bucket": c.store.bucket(ns), "credentialsSecret": "s3-credentials",
-             "caBundle": {"configMap": "s3-ca"}}
-    _namespace(c, ns, store)
+    store = objectstores.store_spec(c.store, c.store.bucket(ns))
+    _namespace(c, ns)
     flavor = {"apiVersion": V, "kind": "ResourceFlavor", "metadata": {"name": f"{ns}-a"}}  # no node labels: real
     kq = {name: Kueue(cluster, ns) for name, cluster in (("m", c.manager), ("a", c.a), ("b", c.b))}
     for name in ("a", "b"):

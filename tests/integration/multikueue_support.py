@@ -7,6 +7,7 @@ a ClusterQueue that asks for it."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +50,7 @@ def worker_kubeconfig(w: WorkerCluster) -> str:
     return yaml.safe_dump(flat)
 
 
-def connect(cluster: Cluster, kq: Kueue, namespace: str, workers: list[WorkerCluster], *,
+def connect(cluster: Cluster, kq: Kueue, namespace: str, workers: Sequence[WorkerCluster], *,
             flavor: dict[str, Any] | None = None) -> None:
     """The manager's side: a Secret with each worker's kubeconfig, MultiKueueClusters, a MultiKueueConfig, the
     AdmissionCheck, and a ClusterQueue that asks for it, over ``flavor`` (default: flavor `a` of the test's kwok

@@ -43,9 +43,7 @@ def worker_clusters(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[C
 
 
 @dataclasses.dataclass
-class Worker:
-    name: str
-    cluster: Cluster
+class Worker(WorkerCluster):
     jobs: Jobs
     kq: Kueue
     pool: Pool
@@ -85,7 +83,7 @@ def _copies(workers: list[Worker], name: str) -> dict[str, dict[str, Any]]:
 def test_a_job_submitted_to_the_manager_runs_in_the_worker_with_quota_and_shows_at_home(
     cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, kq: Kueue, workers: list[Worker]
 ) -> None:
-    connect(cluster, kq, namespace, [WorkerCluster(w.name, w.cluster) for w in workers])
+    connect(cluster, kq, namespace, workers)
     jobs.apply(job("mk", 2, managedBy=MULTIKUEUE))
     w0 = workers[0]
     w0.jobs.running("mk", 2, timeout=120)
@@ -120,7 +118,7 @@ def test_a_suspend_on_the_manager_stops_the_copy_and_a_resume_dispatches_it_agai
     """spec.runPolicy.suspend on the manager: the operator deactivates the job's Workload there, Kueue evicts it, and
     MultiKueue deletes the copy and its pods in the worker; the manager's status says Suspended. Set back to false,
     the Workload is active again and MultiKueue dispatches a new copy, which runs."""
-    connect(cluster, kq, namespace, [WorkerCluster(w.name, w.cluster) for w in workers])
+    connect(cluster, kq, namespace, workers)
     jobs.apply(job("mk", 2, managedBy=MULTIKUEUE))
     w0 = workers[0]
     first = w0.jobs.running("mk", 2, timeout=120)
@@ -155,7 +153,7 @@ def test_a_lost_worker_cluster_s_job_is_dispatched_to_the_other_and_runs_there(
     from tests.cluster.controlplane import down
     from tests.cluster.kueue import WORKER_LOST_TIMEOUT
 
-    connect(cluster, kq, namespace, [WorkerCluster(w.name, w.cluster) for w in workers])
+    connect(cluster, kq, namespace, workers)
     jobs.apply(job("mk", 2, managedBy=MULTIKUEUE))
     w0, w1 = workers
     w0.jobs.running("mk", 2, timeout=120)
