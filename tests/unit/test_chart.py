@@ -83,7 +83,8 @@ def test_default_render_has_the_expected_objects(render: Render) -> None:
     assert kinds == sorted(["ServiceAccount", "ClusterRole", "ClusterRole", "ClusterRole", "ClusterRole",
                             "ClusterRoleBinding", "ClusterRoleBinding", "Service", "Deployment", "Role", "RoleBinding",
                             "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
-                            "CustomResourceDefinition"])
+                            "CustomResourceDefinition", "FlowSchema", "FlowSchema", "PriorityLevelConfiguration",
+                            "PriorityLevelConfiguration"])
     for o in objs:
         if o["kind"] == "CustomResourceDefinition":
             continue  # the source file's labels, as every install path applies it (Helm adds its own on create)
@@ -91,7 +92,7 @@ def test_default_render_has_the_expected_objects(render: Render) -> None:
         for key in ("name", "instance", "version", "managed-by", "component", "part-of"):
             assert f"app.kubernetes.io/{key}" in labels, (o["kind"], key)
         if o["kind"] not in ("ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-                             "ValidatingAdmissionPolicyBinding"):
+                             "ValidatingAdmissionPolicyBinding", "FlowSchema", "PriorityLevelConfiguration"):
             assert o["metadata"]["namespace"] == "ddpjob-system"
 
 
@@ -105,7 +106,8 @@ def test_deployment_runs_the_operator_with_probe_and_resources(render: Render) -
     assert c["image"] == "ddpjob-operator:0.1.0"
     assert c["command"] == ["ddpjob"]
     assert c["args"] == ["operator", "--metrics-port=8080", "--liveness-port=8081", "--resync-seconds=60",
-                         "--api-qps=300", "--api-burst=600", "--runtime-image=ddpjob-runtime:0.1.0",
+                         "--api-qps=300", "--api-burst=600", "--report-writes-per-second=50",
+                         "--runtime-image=ddpjob-runtime:0.1.0",
                          "--worker-admission-policy=ddpjob-system-ddpjob-operator-worker-status", "--leader-elect",
                          "--leader-election-lease=ddpjob-operator", "--lease-duration=15", "--renew-deadline=10",
                          "--retry-period=2"]
@@ -223,9 +225,33 @@ def test_the_worker_admission_policy_is_never_skipped_without_a_word(helm: Path,
 
 
 def test_two_releases_do_not_share_cluster_scoped_names(render: Render) -> None:
-    a = {o["metadata"]["name"] for o in render(namespace="ns-a") if o["kind"].startswith("Cluster")}
-    b = {o["metadata"]["name"] for o in render(namespace="ns-b") if o["kind"].startswith("Cluster")}
+    cluster_scoped = ("Cluster", "FlowSchema", "PriorityLevelConfiguration")
+    a = {(o["kind"], o["metadata"]["name"]) for o in render(namespace="ns-a") if o["kind"].startswith(cluster_scoped)}
+    b = {(o["kind"], o["metadata"]["name"]) for o in render(namespace="ns-b") if o["kind"].startswith(cluster_scoped)}
     assert a and not a & b
+
+
+def test_the_operators_requests_and_the_workers_progress_writes_have_priority_levels_of_their_own(
+        render: Render) -> None:
+    """Issue 46: the operator's ServiceAccount, every request, in its own level; the workers' status patches (any
+    ServiceAccount, ddpjobs/status only) in a smaller one queued per namespace, matched after the operator's."""
+    objs = render("serviceAccount.name=op")
+    schemas = {o["metadata"]["name"]: o["spec"] for o in by_kind(objs, "FlowSchema")}
+    levels = {o["metadata"]["name"]: o["spec"] for o in by_kind(objs, "PriorityLevelConfiguration")}
+    op, progress = schemas["ddpjob-system-ddpjob-operator"], schemas["ddpjob-system-ddpjob-operator-progress"]
+    assert op["rules"][0]["subjects"] == [{"kind": "ServiceAccount",
+                                           "serviceAccount": {"name": "op", "namespace": "ddpjob-system"}}]
+    assert op["rules"][0]["resourceRules"][0]["verbs"] == ["*"]
+    assert progress["rules"] == [{"subjects": [{"kind": "Group", "group": {"name": "system:serviceaccounts"}}],
+                                  "resourceRules": [{"verbs": ["patch"], "apiGroups": ["ddpjob.io"],
+                                                     "resources": ["ddpjobs/status"], "namespaces": ["*"]}]}]
+    assert op["matchingPrecedence"] < progress["matchingPrecedence"] < 900  # before kube-system's and all SAs'
+    assert progress["distinguisherMethod"] == {"type": "ByNamespace"}
+    for name, spec in schemas.items():
+        assert spec["priorityLevelConfiguration"]["name"] == name and levels[name]["type"] == "Limited"
+    assert levels["ddpjob-system-ddpjob-operator"]["limited"]["nominalConcurrencyShares"] == 40
+    assert levels["ddpjob-system-ddpjob-operator-progress"]["limited"]["nominalConcurrencyShares"] == 10
+    assert not by_kind(render("flowControl.enabled=false"), "FlowSchema")
 
 
 def test_optional_pieces(render: Render) -> None:

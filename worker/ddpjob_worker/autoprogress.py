@@ -124,7 +124,7 @@ class AutoReporter:
             return
         while not progress.script_reports():
             self.send()
-            if self.stop.wait(self.interval):
+            if self.stop.wait(self.reporter.interval_now(self.interval)):  # or the operator's cadence
                 return
 
     def close(self) -> None:

@@ -54,6 +54,10 @@ DDPJOB_CHECKPOINT_DIR = "DDPJOB_CHECKPOINT_DIR"
 DDPJOB_SIGTERM_BUDGET_SECONDS = "DDPJOB_SIGTERM_BUDGET_SECONDS"
 #: ``"1"`` when rank 0 should report progress into the DDPJob's status (in a cluster), else ``"0"``.
 DDPJOB_REPORT_PROGRESS = "DDPJOB_REPORT_PROGRESS"
+#: The DDPJob status field where the operator sets the least seconds between two routine progress reports of rank 0
+#: (its write budget for all running jobs; absent: the reporter's own interval). Rank 0 reads it from the answer to
+#: each report (ddpjob_worker.progress).
+STATUS_REPORT_INTERVAL = "reportIntervalSeconds"
 #: Optional: a file where rank 0 also writes its progress as JSON (``ddpjob run`` reads it for its live view;
 #: unset in pods).
 DDPJOB_PROGRESS_FILE = "DDPJOB_PROGRESS_FILE"

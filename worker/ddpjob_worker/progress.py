@@ -41,6 +41,10 @@ __all__ = ["GROUP", "MERGE_PATCH", "PLURAL", "REQUEST_TIMEOUT_SECONDS", "SERVICE
 
 log = get_logger("progress")
 
+#: After a failed report the next waits twice as long, up to this many times the interval (an API server that
+#: refuses or times out is not sent more; the first answer resets it).
+MAX_BACKOFF = 4
+
 #: ``status.progress.source``: the script's own ProgressReporter, or the optimizer steps the runtime counted.
 SOURCE_REPORTER = "Reporter"
 SOURCE_OPTIMIZER = "OptimizerSteps"
@@ -90,6 +94,10 @@ class ProgressReporter:
     (no cluster, no RBAC, API server down) is logged once and training goes on: progress is a convenience. The
     patches go out from a thread of their own (sender.py), so a slow API server never holds a training step.
 
+    The operator may ask for a longer interval (``status.reportIntervalSeconds``, its write budget for all running
+    jobs: docs/operator-scale.md), read from the answer to each report; a failed report doubles the wait before the
+    next, up to MAX_BACKOFF times. Forced reports never wait.
+
     Args:
         interval_seconds: The least time between two reports sent (``report(force=True)`` sends at once).
         environ: Where the job's name, namespace and rank come from; None: this process's environment.
@@ -118,6 +126,8 @@ class ProgressReporter:
         self._sender = Sender(self._send_now, name="ddpjob-progress-sender")
         self._cluster = self.enabled and env.get(contract.DDPJOB_REPORT_PROGRESS) == "1" and bool(self.name)
         self._last_sent = float("-inf")  # the first report goes out at once
+        self._advertised = 0.0  # the operator's status.reportIntervalSeconds, from the last answer
+        self._backoff = 1
         self._warned = False
         self._last: dict[str, Any] = {}
         self._rate_base: tuple[int, float] | None = None  # (steps, time) of the previous send, for stepRate
@@ -219,7 +229,7 @@ class ProgressReporter:
         if self.file is not None:  # a local file is cheap: always current, for `ddpjob run`'s view and tests
             self._write_file({**progress, "restartCount": self.restart_count, "pid": os.getpid()})
         now = time.monotonic()
-        if not force and now - self._last_sent < self.interval:
+        if not force and now - self._last_sent < self.interval_now():
             return
         self._last_sent = now
         self._update_rate(int(progress["globalStep"]), step_time)
@@ -255,11 +265,27 @@ class ProgressReporter:
         """
         return self._sender.drain(timeout)
 
+    def interval_now(self, base: float | None = None) -> float:
+        """The least seconds before the next routine report: ``base`` (default: ``interval_seconds``) or the
+        operator's cadence, whichever is longer, times the backoff after failed reports.
+
+        Args:
+            base: The caller's own interval (the runtime's step counter keeps its own).
+
+        Returns:
+            Seconds.
+        """
+        return max(self.interval if base is None else base, self._advertised) * self._backoff
+
     def _send_now(self, progress: Mapping[str, Any]) -> None:
         try:
-            patch_progress(self._client(), self.namespace, self.name, progress)
+            answer = patch_progress(self._client(), self.namespace, self.name, progress)
         except Exception as err:  # any failure: say so once, never stop training for it
+            self._backoff = min(MAX_BACKOFF, self._backoff * 2)
             self._warn_once(f"cannot patch ddpjobs/{self.name} status in {self.namespace}: {err}")
+            return
+        self._backoff = 1
+        self._advertised = _advertised(answer)
 
     @property
     def active(self) -> bool:
@@ -280,3 +306,11 @@ class ProgressReporter:
         if not self._warned:
             self._warned = True
             log.warning("%s; training continues without progress reports", message)
+
+
+def _advertised(answer: Any) -> float:
+    """The operator's ``status.reportIntervalSeconds`` in a report's answer (the DDPJob as stored); 0 if none."""
+    status = answer.get("status") if isinstance(answer, Mapping) else None
+    value = status.get(contract.STATUS_REPORT_INTERVAL) if isinstance(status, Mapping) else None
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else 0.0
+

@@ -112,7 +112,7 @@ class InClusterApi:
     def patch_namespaced_custom_object_status(self, group: str, version: str, namespace: str, plural: str,
                                               name: str, body: Any, *, _content_type: str = MERGE_PATCH,
                                               _request_timeout: float = REQUEST_TIMEOUT_SECONDS,
-                                              **_: Any) -> None:
+                                              **_: Any) -> Any:
         """PATCH ``/apis/<group>/<version>/namespaces/<ns>/<plural>/<name>/status`` with ``body``.
 
         Args:
@@ -125,6 +125,9 @@ class InClusterApi:
             _content_type: The patch's type (a merge patch by default).
             _request_timeout: Seconds that bound the connection, the TLS handshake and each read.
             **_: Other options of the ``kubernetes`` client's method, ignored.
+
+        Returns:
+            The object as the API server stored it (its JSON answer; None if that was not JSON).
 
         Raises:
             ApiError: The server refused the patch, or did not answer in time.
@@ -144,6 +147,10 @@ class InClusterApi:
             conn.close()
         if not 200 <= response.status < 300:
             raise ApiError(f"PATCH {path}: {response.status} {response.reason}: {_status_message(data)}")
+        try:
+            return json.loads(data)
+        except ValueError:
+            return None
 
 
 def _status_message(data: bytes) -> str:
@@ -154,7 +161,7 @@ def _status_message(data: bytes) -> str:
         return data[:200].decode(errors="replace")
 
 
-def patch_progress(api: StatusApi, namespace: str, name: str, progress: Mapping[str, Any]) -> None:
+def patch_progress(api: StatusApi, namespace: str, name: str, progress: Mapping[str, Any]) -> Any:
     """Merge ``progress`` into the DDPJob's status.progress (the one part of its status a worker may write).
 
     Args:
@@ -163,10 +170,13 @@ def patch_progress(api: StatusApi, namespace: str, name: str, progress: Mapping[
         name: The DDPJob's name.
         progress: The fields to merge; a None value removes its field.
 
+    Returns:
+        The client's answer: the DDPJob as stored (a dict from InClusterApi and the ``kubernetes`` client).
+
     Raises:
         ApiError: From InClusterApi, when the patch failed (another client raises its own errors).
     """
-    api.patch_namespaced_custom_object_status(
+    return api.patch_namespaced_custom_object_status(
         GROUP, VERSION, namespace, PLURAL, name, {"status": {"progress": progress}},
         _content_type=MERGE_PATCH,  # the kubernetes client's default is a JSON *patch*
         _request_timeout=REQUEST_TIMEOUT_SECONDS,

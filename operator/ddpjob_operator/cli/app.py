@@ -10,6 +10,7 @@ import typer
 
 from ddpjob_operator.api import names
 from ddpjob_operator.kube import leader, ratelimit
+from ddpjob_operator.planner.policies import report_cadence
 from ddpjob_operator.views import cli as views_cli
 
 app = typer.Typer(no_args_is_help=True, help="ddpjob: fault-tolerant PyTorch DDP training on Kubernetes.")
@@ -37,6 +38,11 @@ def operator(
                      "binding) that holds each worker to its own job's status.progress: checked at start and every "
                      "resync, its absence reported on every job (condition StatusUnprotected). Empty: not checked."),
     ] = "",
+    report_writes_per_second: Annotated[
+        float, typer.Option(envvar="DDPJOB_REPORT_WRITES_PER_SECOND", help="Routine progress reports per second for "
+                            "all running jobs together: their rank 0s' cadence (status.reportIntervalSeconds) "
+                            "doubles from 10 s until they fit, up to 320 s (0: no budget).")
+    ] = report_cadence.DEFAULT_BUDGET,
     api_qps: Annotated[
         float, typer.Option(envvar="DDPJOB_API_QPS", help="API requests per second after the burst (0: no limit).")
     ] = ratelimit.DEFAULT_QPS,
@@ -88,7 +94,8 @@ def operator(
 
     raise typer.Exit(run_operator(namespaces=namespace or [], metrics_port=metrics_port, liveness_port=liveness_port,
                                   resync_seconds=resync_seconds, election=election, runtime_image=runtime_image,
-                                  worker_admission_policy=worker_admission_policy))
+                                  worker_admission_policy=worker_admission_policy,
+                                  report_budget=report_writes_per_second))
 
 
 @app.command()

@@ -23,6 +23,8 @@ from ddpjob_operator.planner.policies.recovery_clock import PHASES, TOTAL
 _LIFECYCLE_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1800)
 
 RECONCILES = Counter("ddpjob_reconcile", "Reconcile passes of DDPJobs")
+ROUTINE_PROGRESS = Counter("ddpjob_routine_progress_reports",
+                           "Routine progress reports of quiet running jobs that needed no reconcile pass")
 RECONCILE_ERRORS = Counter("ddpjob_reconcile_errors", "Reconcile passes that failed and were retried", ["kind"])
 #: The kinds controller._retry counts: exported at 0 from the start, so a rate over them is 0, not "no data".
 RETRY_TEMPORARY, RETRY_UNEXPECTED = "temporary", "unexpected"

@@ -13,6 +13,7 @@ from ddpjob_operator.api.spec import DDPJob
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.kueue import workload as kueue
 from ddpjob_operator.planner.observation import PodView
+from ddpjob_operator.planner.policies import report_cadence
 from ddpjob_operator.planner.types import Observed
 
 Obj = dict[str, Any]
@@ -46,6 +47,8 @@ class Pass:
             desired=self.job.spec.replicas, spares=self.job.spec.spares, restarts=self.restarts,
             incident_count=self.count, incidents=tuple(self.recent), counted_failures=tuple(self.counted),
             start_time=self.start_time, completion_time=self.completion_time, selector=names.selector(self.job.name),
+            report_interval=report_cadence.for_job(self.obs.report_interval,
+                                                   self.job.spec.run_policy.progress_deadline_seconds),
         )
         live = [p for p in self.workers if not p.gone]
         return st.compute_status(self.old, outcome=outcome, workers=live, counts=counts,

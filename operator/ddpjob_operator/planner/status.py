@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from ddpjob_worker.contract import STATUS_REPORT_INTERVAL
+
 from ddpjob_operator.api import reasons
 from ddpjob_operator.api.formats import format_time
 from ddpjob_operator.planner.observation import PodView
@@ -55,6 +57,7 @@ OWN_KEYS = (
     "startTime",
     "completionTime",
     "selector",
+    STATUS_REPORT_INTERVAL,
 )
 
 #: Condition types whose becoming True is a problem worth a Warning event.
@@ -100,6 +103,8 @@ class Counts:
     start_time: str | None = None
     completion_time: str | None = None
     selector: str = ""
+    report_interval: int | None = None
+    """status.reportIntervalSeconds of a job that is not finished (policies/report_cadence.py)."""
 
 
 def set_condition(
@@ -231,6 +236,7 @@ def compute_status(
         "startTime": counts.start_time,
         "completionTime": counts.completion_time,
         "selector": counts.selector,
+        STATUS_REPORT_INTERVAL: None if outcome.state in (SUCCEEDED, FAILED) else counts.report_interval,
     }
 
 

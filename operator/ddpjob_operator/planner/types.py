@@ -85,6 +85,9 @@ class Observed:
     """When a pass of this process first held back a routine status change not written since (None: none)."""
     routine_wait: float = status_writes.ROUTINE_INTERVAL
     """How long a routine status change may wait for the next write (longer while the operator is busy)."""
+    report_interval: int | None = None
+    """The cadence of routine progress reports for the operator's running jobs (policies/report_cadence.py); None:
+    the worker's own 10 s."""
     kueue: KueueInputs = dataclasses.field(default_factory=KueueInputs)
     """A queued job's priority class and admitted flavors, as the controller read them."""
     runtime_image: str = ""

@@ -76,14 +76,16 @@ class ChildCache:
     # --- watch events ---
 
     def apply(self, kind: str, event_type: str | None, obj: Mapping[str, Any]) -> Key | None:
-        """One watch event (type None: kopf's initial listing); returns the job it concerns."""
+        """One watch event (type None: kopf's initial listing); returns the job it concerns when what the planner
+        reads of the object changed (a deletion, a new object, another field of its view), else None: an update
+        that changes nothing the planner reads (a status rewritten as it was, a label of someone else's, the
+        resourceVersion alone) needs no pass. The cache keeps the newest version either way."""
         key = job_key(obj)
         if key is None:
             return None
         self._events += 1
         if kind == "Pod":
-            self._apply_pod(key, event_type, PodView.from_pod(obj))
-            return key
+            return key if self._apply_pod(key, event_type, PodView.from_pod(obj)) else None
         view = ChildView.from_object(obj, kind)
         ck = (kind, view.name)
         if event_type == "DELETED":
@@ -91,19 +93,22 @@ class ChildCache:
             _drop(self._children, key, ck)
             if key in self._child_seen:  # a LIST sent before the deletion must not bring it back either
                 self._child_seen[key][ck] = self._events
-        else:
-            self._children.setdefault(key, {})[ck] = view
-            self._child_seen.setdefault(key, {})[ck] = self._events
-        return key
+            return key
+        group = self._children.setdefault(key, {})
+        old, group[ck] = group.get(ck), view
+        self._child_seen.setdefault(key, {})[ck] = self._events
+        return key if not _same(old, view) else None
 
-    def _apply_pod(self, key: Key, event_type: str | None, view: PodView) -> None:
+    def _apply_pod(self, key: Key, event_type: str | None, view: PodView) -> bool:
         if event_type == "DELETED":
             _drop(self._pods, key, view.uid)
             _drop(self._pod_seen, key, view.uid)
             self._bury(key, view)  # a tombstone, which expires (and keeps a stale LIST from bringing it back)
-            return
-        self._pods.setdefault(key, {})[view.uid] = view
+            return True
+        pods = self._pods.setdefault(key, {})
+        old, pods[view.uid] = pods.get(view.uid), view
         self._pod_seen.setdefault(key, {})[view.uid] = self._events
+        return not _same(old, view)
 
     def _bury(self, key: Key, view: PodView) -> None:
         now = self._clock()
@@ -202,3 +207,8 @@ def _drop(store: dict[Key, dict[Any, Any]], key: Key, item: Any) -> None:
         group.pop(item, None)
         if not group:
             del store[key]
+
+
+def _same(old: PodView | ChildView | None, new: PodView | ChildView) -> bool:
+    """Whether the planner reads the same of both versions: all fields but the resourceVersion."""
+    return old is not None and (old == new or dataclasses.replace(old, resource_version=new.resource_version) == new)

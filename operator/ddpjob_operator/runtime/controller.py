@@ -27,7 +27,7 @@ from ddpjob_operator.planner import plan as planner
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies import pods as pod_rules
-from ddpjob_operator.planner.policies import status_writes
+from ddpjob_operator.planner.policies import report_cadence, routine_progress, status_writes
 from ddpjob_operator.planner.policies.rejected import Rejection
 from ddpjob_operator.runtime import kueue_sync, resync, status_write
 from ddpjob_operator.runtime.apply import answered, apply_children, apply_pods
@@ -85,6 +85,8 @@ class Controller:
         self.cache = ChildCache()
         self.identity = WorkerIdentity()
         self._states: dict[Key, str] = {}
+        self._running = 0  # jobs in state Running (the report cadence's input)
+        self.report_budget = report_cadence.DEFAULT_BUDGET  # ddpjob operator --report-writes-per-second
         self.kube: Kube | None = None
         self.namespaces: list[str] = []
         self.resync_seconds = resync.DEFAULT_RESYNC_SECONDS
@@ -112,6 +114,11 @@ class Controller:
         self._workers.append(asyncio.create_task(  # every job says what changed in its next pass
             self.isolation.run(kube, self.resync_seconds, lambda: self.enqueue(list(self.jobs))),
             name="ddpjob-isolation"))
+
+    @property
+    def started(self) -> bool:
+        """Whether start() runs the workers (until stop())."""
+        return bool(self._workers)
 
     async def stop(self) -> None:
         """Cancel the workers (operator shutdown)."""
@@ -155,7 +162,12 @@ class Controller:
             # change of a child enqueues its own pass). A listing or the resync always plans.
             return
         elif not _older(rv, mem.resource_version):
+            routine = mem.passes > 0 and event_type == "MODIFIED" and not routine_progress.needs_pass(mem.body, body)
             mem.take(_kept(body), rv, self._events)
+            if routine:  # rank 0's routine report: the stall check's timer reads it when due (issue 46)
+                metrics.observe_checkpoints((body.get("status") or {}).get("progress") or {}, mem.checkpoints_seen)
+                metrics.ROUTINE_PROGRESS.inc()
+                return
         self.queue.add(key)
 
     def _managed_elsewhere(self, key: Key, body: Mapping[str, Any]) -> bool:
@@ -253,8 +265,11 @@ class Controller:
         observed = await self._observe(key, mem, body, t0, now)
         plan = planner.plan(body, observed, now)
         plan, rejection = await self._carry_out(key, mem, body, observed, plan, now)
-        if plan.job is not None and plan.invalid is None:  # after the pod API's word on its pods (pod_check.py)
-            mem.last_valid_spec = copy.deepcopy(body.get("spec"))
+        spec = body.get("spec")
+        # After the pod API's word on its pods (pod_check.py). Copied only when it changed: a comparison costs a
+        # tenth of a deep copy, and most passes (pod and progress events) see the same spec.
+        if plan.job is not None and plan.invalid is None and spec != mem.last_valid_spec:
+            mem.last_valid_spec = copy.deepcopy(spec)
         self._log(key, plan)
         for path, value in plan.unreadable.items():  # once per job: the planner leaves out those said before
             log.warning("job=%s/%s %s=%r is not a time the operator can read: ignored", *key, path, value)
@@ -296,6 +311,7 @@ class Controller:
             incidents_floor=mem.incidents_floor, first_pass=mem.passes == 0, routine_since=mem.routine_since,
             deleted=frozenset(mem.deleted_uids),
             routine_wait=status_writes.interval(len(self.queue), WORKERS),
+            report_interval=report_cadence.interval(self._running, self.report_budget),
             kueue=await self._kueue_inputs(body, key, mem), last_valid_spec=mem.last_valid_spec,
             runtime_image=self.runtime_image, unreadable_said=frozenset(mem.unreadable_said),
             refused_pods=dict(mem.pods_refused), accepted_pods=frozenset(mem.pods_accepted),
@@ -396,3 +412,4 @@ class Controller:
             self._states[key] = state
         if old != state:
             metrics.move_job_state(old, state)
+            self._running += (state == st.RUNNING) - (old == st.RUNNING)

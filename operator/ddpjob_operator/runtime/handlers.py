@@ -82,7 +82,8 @@ async def ddpjob_event(
     **kwargs: Any,
 ) -> None:
     """Any change of a DDPJob (or the initial listing): schedule a reconcile pass."""
-    controller.start(Kube(_settings[-1], logging.getLogger("ddpjob.kube")))
+    if not controller.started:  # the first event (of each leadership term) starts the controller
+        controller.start(Kube(_settings[-1], logging.getLogger("ddpjob.kube")))
     body = event["object"]  # the plain dict: every read through kopf.Body resolves a path
     controller.job_seen(type, body)
     if type != "DELETED" and managed_elsewhere(body) is None:  # not another controller's to judge

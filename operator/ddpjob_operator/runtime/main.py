@@ -17,6 +17,7 @@ import kopf
 from ddpjob_operator.api import names
 from ddpjob_operator.kube import kopf_compat, leader
 from ddpjob_operator.metrics import registry as metrics
+from ddpjob_operator.planner.policies import report_cadence
 
 log = logging.getLogger("ddpjob")
 
@@ -34,11 +35,13 @@ class Election:
 
 
 def run_operator(namespaces: list[str], metrics_port: int, liveness_port: int, resync_seconds: float,
-                 election: Election | None = None, runtime_image: str = "", worker_admission_policy: str = "") -> int:
+                 election: Election | None = None, runtime_image: str = "", worker_admission_policy: str = "",
+                 report_budget: float = report_cadence.DEFAULT_BUDGET) -> int:
     """Run the operator until SIGINT/SIGTERM against the current kubeconfig or in-cluster config; with
     ``election``, only while this replica holds the leader Lease. ``runtime_image``: the injected runtime's image
     for jobs that name none (empty: what `make images` builds). ``worker_admission_policy``: the chart's
-    ValidatingAdmissionPolicy to check (runtime/isolation.py; empty: none)."""
+    ValidatingAdmissionPolicy to check (runtime/isolation.py; empty: none). ``report_budget``: routine progress
+    writes per second for all running jobs (policies/report_cadence.py)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # kopf logs one line per handled watch event at INFO; at 500 jobs that drowns the operator's own lines.
     logging.getLogger("kopf.objects").setLevel(logging.WARNING)
@@ -48,6 +51,7 @@ def run_operator(namespaces: list[str], metrics_port: int, liveness_port: int, r
     handlers.controller.resync_seconds = resync_seconds
     handlers.controller.runtime_image = runtime_image
     handlers.controller.isolation.policy = worker_admission_policy
+    handlers.controller.report_budget = report_budget
 
     metrics.serve(metrics_port)
     liveness = f"http://0.0.0.0:{liveness_port}/healthz" if liveness_port else None

@@ -100,3 +100,26 @@ def test_late_deleted_events_of_a_forgotten_job_leave_nothing_behind() -> None:
     cache.apply("Service", "DELETED", service)
     assert key not in cache._pods and key not in cache._children
     assert [p.gone for p in cache.pods(key)] == [True]  # only the tombstone, which expires
+
+
+def test_an_event_that_changes_nothing_the_planner_reads_asks_for_no_pass() -> None:
+    """Issue 46: a pod or child rewritten as it was (kwok rewrites its pods' status; a label of someone else's)
+    names no job to pass; a change of what the planner reads, a new object and a deletion do. The cache keeps the
+    newest version either way."""
+    job = make_job().obj()
+    key = ("ns", "job")
+    pod = _with_rv(pod_obj(job, 0), "1")
+    cache = ChildCache(clock=lambda: 0.0)
+    assert cache.apply("Pod", "ADDED", pod) == key
+    again = _with_rv(copy.deepcopy(pod), "2")
+    again["metadata"].setdefault("labels", {})["someone"] = "else"
+    assert cache.apply("Pod", "MODIFIED", again) is None
+    assert cache.pods(key)[0].resource_version == "2"
+    failed = _with_rv(copy.deepcopy(again), "3")
+    failed["status"]["phase"] = "Failed"
+    assert cache.apply("Pod", "MODIFIED", failed) == key
+    assert cache.apply("Pod", "DELETED", failed) == key
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {
+        "name": "job", "namespace": "ns", "uid": "s", "resourceVersion": "1", "labels": {"ddpjob.io/job-name": "job"}}}
+    assert cache.apply("Service", "ADDED", svc) == key
+    assert cache.apply("Service", "MODIFIED", _with_rv(copy.deepcopy(svc), "2")) is None

@@ -504,3 +504,31 @@ def test_a_multikueue_managers_pass_creates_the_workload_only(events: list[tuple
     assert [x.split(" ")[:2] for x in kube.calls] == [["create", "Workload"]] * 2 and events == []
     wl = next(v for k, v in kube.objects.items() if k[0] == "Workload")
     assert wl["metadata"]["ownerReferences"][0]["uid"] == "uid-job" and c.foreign == {}
+
+
+def test_a_routine_progress_report_of_a_quiet_running_job_plans_no_pass() -> None:
+    """Issue 46: rank 0's report every ~10 s is a watch event of every running job; only one that can change the
+    plan (here: a new process group) enqueues a pass. The body is kept either way: the next pass reads it."""
+    job = make_job(replicas=1).obj()
+    job["metadata"]["resourceVersion"] = "1"
+    job["status"] = {"state": "Running", "progress": {"globalStep": 1, "start": {"restartCount": 0}}}
+
+    def report(rv: str, **progress: Any) -> dict[str, Any]:
+        body = copy.deepcopy(job)
+        body["metadata"]["resourceVersion"] = rv
+        body["status"]["progress"].update(progress)
+        return body
+
+    async def scenario() -> tuple[int, int, str]:
+        c = ctl.Controller()
+        c.job_seen(None, job)
+        await c.queue.get()
+        c.queue.done(("ns", "job"))
+        c.jobs[("ns", "job")].passes = 1  # planned once
+        c.job_seen("MODIFIED", report("2", globalStep=11, updateTime="2026-12-07T00:00:10Z"))
+        routine = len(c.queue)
+        c.job_seen("MODIFIED", report("3", globalStep=12, start={"restartCount": 1}))
+        c.queue.close()
+        return routine, len(c.queue), c.jobs[("ns", "job")].resource_version
+
+    assert asyncio.run(scenario()) == (0, 1, "3")

@@ -44,6 +44,8 @@ class FakeApiServer:
     status: int = 200
     hang: bool = False
     release: threading.Event = field(default_factory=threading.Event)
+    stored_status: dict[str, Any] = field(default_factory=dict)
+    """The DDPJob's status in a 200 answer (the object as stored)."""
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +79,7 @@ def server(pki: Path) -> Iterator[FakeApiServer]:
             if fake.hang:
                 fake.release.wait(30)
                 return
-            answer = {"kind": "DDPJob"} if fake.status == 200 else {
+            answer = {"kind": "DDPJob", "status": fake.stored_status} if fake.status == 200 else {
                 "kind": "Status", "status": "Failure", "reason": "Forbidden", "code": fake.status,
                 "message": 'ddpjobs.ddpjob.io "charlm" is forbidden: User "system:serviceaccount:ml:default" cannot '
                            'patch resource "ddpjobs/status"'}
@@ -222,3 +224,28 @@ def test_outside_a_cluster_the_reporter_says_so_once(tmp_path: Path, monkeypatch
     reporter.report(epoch=0, step=2, global_step=2)
     assert reporter.drain(5)
     assert warnings_seen.text.count("not in a cluster") == 1
+
+
+def test_the_operators_cadence_in_the_answer_spaces_the_routine_reports_and_a_failure_backs_off(
+        server: FakeApiServer, service_account: Path) -> None:
+    """Issue 46: status.reportIntervalSeconds (the operator's write budget) in the answer to a report is the least
+    time before the next routine one; a failed report doubles it (up to MAX_BACKOFF times); forced reports go."""
+    server.stored_status = {contract.STATUS_REPORT_INTERVAL: 80}
+    reporter = ProgressReporter(environ=ENV, api=api_for(server, service_account), interval_seconds=10)
+    reporter.report(epoch=0, step=1, global_step=1)
+    assert reporter.drain(5) and reporter.interval_now() == 80
+    assert reporter.interval_now(base=120) == 120  # a caller's own longer interval wins
+    reporter._last_sent -= 30  # 30 s later: due at the worker's 10 s, not at the operator's 80 s
+    reporter.report(epoch=0, step=2, global_step=2)
+    assert reporter.drain(5) and len(server.requests) == 1
+    server.status = 503
+    reporter.report(epoch=0, step=3, global_step=3, force=True)
+    assert reporter.drain(5) and len(server.requests) == 2
+    assert reporter.interval_now() == 160
+    for _ in range(3):
+        reporter.report(epoch=0, step=3, global_step=3, force=True)
+        assert reporter.drain(5)
+    assert reporter.interval_now() == 80 * progress.MAX_BACKOFF
+    server.status, server.stored_status = 200, {}
+    reporter.report(epoch=0, step=4, global_step=4, force=True)
+    assert reporter.drain(5) and reporter.interval_now() == 10  # answered, and no cadence: the worker's own

@@ -16,8 +16,12 @@ from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-#: Status keys that follow pod counts; changes to these alone (and to condition messages) are routine.
-COUNT_KEYS = frozenset({"replicas", "readyReplicas", "succeededReplicas", "failedReplicas", "ready", "spares"})
+from ddpjob_worker.contract import STATUS_REPORT_INTERVAL
+
+#: Status keys that follow pod counts (and the report cadence, policies/report_cadence.py); changes to these alone
+#: (and to condition messages) are routine.
+COUNT_KEYS = frozenset({"replicas", "readyReplicas", "succeededReplicas", "failedReplicas", "ready", "spares",
+                        STATUS_REPORT_INTERVAL})
 #: Seconds a routine change may wait for the next one on an idle operator; `kubectl get ddpj`'s READY lags at
 #: most this long.
 ROUTINE_INTERVAL = 2.0

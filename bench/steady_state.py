@@ -1,0 +1,435 @@
+"""Steady-state benchmark (not a test; issue 46): N running DDPJobs x W workers on kwok, each with a simulated rank 0
+that reports progress exactly as the worker runtime does (ddpjob_worker.progress.ProgressReporter: its 10 s interval,
+its payload, a forced report after each checkpoint, its standard-library client with the worker ServiceAccount's
+token) for a window of minutes. The operator runs as a ServiceAccount (bound to cluster-admin here) under the
+chart's own FlowSchemas, so API Priority and Fairness treats it as in a cluster (an admin certificate is exempt).
+
+Measured over the window: the operator's CPU (cores) and RSS, the API server's and etcd's CPU, API requests/s by
+client and by verb and resource (the audit log), bytes/s written to etcd's WAL, requests APF rejected per
+FlowSchema, the DDPJob object's size (p50/max), and the seconds from a deleted worker pod to the operator's
+replacement: with the first jobs alone, with all N idle (no progress) and while the progress load runs.
+
+    PYTHONPATH=operator:worker .venv/bin/python bench/steady_state.py --jobs 1000 --workers 8 --minutes 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import operator_scale as scale
+
+from tests.cluster import controlplane
+from tests.integration.operator_support import small_job
+
+REPO = scale.REPO
+OPERATOR_NS, OPERATOR_SA, RELEASE = "ddpjob-system", "ddpjob-operator", "ddpjob-operator"
+FLOW_SCHEMA = f"{OPERATOR_NS}-{RELEASE}"  # the chart's clusterName: <namespace>-<fullname>
+STEP_SECONDS = 1.0  # each simulated rank 0 does a step a second and reports it (sent at most every 10 s)
+CHECKPOINT_EVERY = 100  # steps; a forced report follows each checkpoint, as after Checkpointer.save
+
+
+def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> str:
+    return subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", *args], input=stdin, capture_output=True,
+                          text=True, check=True).stdout
+
+
+def operator_kubeconfig(kubeconfig: Path, work: Path) -> Path:
+    """A kubeconfig for the operator's ServiceAccount (a day's token) and the chart's FlowSchemas applied."""
+    kubectl(kubeconfig, "create", "namespace", OPERATOR_NS)
+    kubectl(kubeconfig, "-n", OPERATOR_NS, "create", "serviceaccount", OPERATOR_SA)
+    kubectl(kubeconfig, "create", "clusterrolebinding", "bench-operator", "--clusterrole=cluster-admin",
+            f"--serviceaccount={OPERATOR_NS}:{OPERATOR_SA}")
+    helm = controlplane.tool("helm")
+    rendered = subprocess.run([str(helm), "template", RELEASE, str(REPO / "charts" / "ddpjob-operator"),
+                               "--namespace", OPERATOR_NS, "--kube-version=1.30.0", "--show-only",
+                               "templates/flowcontrol.yaml"], capture_output=True, text=True, check=True).stdout
+    kubectl(kubeconfig, "apply", "-f", "-", stdin=rendered)
+    token = kubectl(kubeconfig, "-n", OPERATOR_NS, "create", "token", OPERATOR_SA, "--duration=24h").strip()
+    text = kubeconfig.read_text()
+    user = text[text.index("users:"):text.index("contexts:")]
+    out = work / "operator.kubeconfig"
+    out.write_text(text.replace(user, f"users:\n- name: admin\n  user:\n    token: {token}\n"))
+    return out
+
+
+def ensure_capacity(kubeconfig: Path, pods: int) -> None:
+    """Enough kwok nodes for ``pods`` (the cluster starts with KWOK_NODES of NODE_CAPACITY pods each)."""
+    per_node = int(controlplane.NODE_CAPACITY["pods"])
+    needed = -(-pods * 5 // 4 // per_node)  # a quarter spare: replacements and terminating pods
+    for i in range(controlplane.KWOK_NODES, needed):
+        kubectl(kubeconfig, "apply", "-f", "-", stdin=controlplane._node_manifest(i))
+
+
+class CountingApi:
+    """The worker runtime's own client (InClusterApi), counting its patches, failures and their seconds."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.ok, self.failed = inner, 0, 0
+        self.seconds: list[float] = []
+        self.lock = threading.Lock()
+
+    def patch_namespaced_custom_object_status(self, *args: Any, **kwargs: Any) -> None:
+        t0 = time.monotonic()
+        try:
+            self.inner.patch_namespaced_custom_object_status(*args, **kwargs)
+        except Exception:
+            with self.lock:
+                self.failed += 1
+            raise
+        with self.lock:
+            self.ok += 1
+            self.seconds.append(time.monotonic() - t0)
+
+
+class RankZeros:
+    """A ProgressReporter per job, as rank 0 of each runs it: announce_start, a report every step, a forced one
+    after each checkpoint; each job starts at a random offset within the first interval, as jobs would."""
+
+    def __init__(self, ns: str, jobs: list[str], api: CountingApi) -> None:
+        from ddpjob_worker import contract
+        from ddpjob_worker.progress import ProgressReporter
+
+        self.api, self.stop = api, threading.Event()
+        rdzv = str(time.time())
+        self.reporters = [ProgressReporter(api=api, total_steps=100_000, environ={
+            "RANK": "0", contract.DDPJOB_NAME: job, contract.DDPJOB_NAMESPACE: ns,
+            contract.DDPJOB_REPORT_PROGRESS: "1", contract.DDPJOB_RENDEZVOUS_TIME: rdzv}) for job in jobs]
+        rng = random.Random(46)
+        self.offsets = [rng.uniform(0, 10) for _ in jobs]
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        t0, started, step = time.monotonic(), [False] * len(self.reporters), 0
+        while not self.stop.is_set():
+            step += 1
+            for i, rep in enumerate(self.reporters):
+                elapsed = time.monotonic() - t0
+                if elapsed < self.offsets[i]:
+                    continue
+                if not started[i]:
+                    started[i] = True
+                    rep.announce_start()
+                s = int(elapsed - self.offsets[i]) + 1
+                saved = s // CHECKPOINT_EVERY * CHECKPOINT_EVERY or None
+                rep.report(epoch=s // 1000, step=s % 1000, global_step=s, loss=2.0 / s, checkpoint_step=saved,
+                           checkpoint_seconds=1.5 if saved else None, force=bool(saved) and s % CHECKPOINT_EVERY == 0)
+            self.stop.wait(max(0.0, t0 + step * STEP_SECONDS - time.monotonic()))
+
+
+def replace_once(core: Any, ns: str, job: str, index: int = 1) -> float:
+    """Delete one worker pod (grace 0, as a lost node's force-delete) and time until the operator created its
+    replacement (a pod of the same index with another UID)."""
+    from ddpjob_operator.api import names
+
+    sel = f"{names.LABEL_JOB_NAME}={job},{names.LABEL_REPLICA_INDEX}={index}"
+
+    def pods() -> list[dict[str, Any]]:
+        out = core.list_namespaced_pod(ns, label_selector=sel, _preload_content=False)
+        return [p for p in json.loads(out.data)["items"] if p["metadata"]["labels"].get(
+            names.LABEL_REPLICA_TYPE) == names.TYPE_WORKER]
+
+    old = {p["metadata"]["uid"] for p in pods()}
+    t0 = time.monotonic()
+    core.delete_namespaced_pod(names.worker_pod_name(job, index), ns, grace_period_seconds=0)
+    while time.monotonic() - t0 < 300:
+        if any(p["metadata"]["uid"] not in old and not p["metadata"].get("deletionTimestamp") for p in pods()):
+            return time.monotonic() - t0
+        time.sleep(0.05)
+    raise TimeoutError(f"no replacement for {job} worker {index} in 300 s")
+
+
+def latency_summary(samples: list[float]) -> dict[str, Any]:
+    s = sorted(samples) or [float("nan")]
+    return {"n": len(s), "p50_s": statistics.median(s), "p95_s": s[min(len(s) - 1, int(0.95 * len(s)))],
+            "max_s": s[-1], "samples_s": [round(x, 3) for x in samples]}
+
+
+def scrape(url: str, pki: Path | None = None) -> dict[str, float]:
+    """Prometheus text: sample name with labels -> value (the API server's with the admin certificate in ``pki``)."""
+    import ssl
+    import urllib.request
+
+    tls = None
+    if pki is not None:
+        tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    text = urllib.request.urlopen(url, timeout=10, context=tls).read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            try:
+                out[key] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
+def metric_sum(samples: dict[str, float], name: str, **labels: str) -> float:
+    want = [f'{k}="{v}"' for k, v in labels.items()]
+    return sum(v for k, v in samples.items()
+               if (k == name or k.startswith(name + "{")) and all(w in k for w in want))
+
+
+def audit_calls(audit_log: Path, since: float, until: float) -> dict[str, int]:
+    """Requests between ``since`` and ``until`` (wall clock) by "<agent> <verb> <resource>", every namespace."""
+    out: dict[str, int] = {}
+    with audit_log.open() as fh:
+        for line in fh:
+            ev = json.loads(line)
+            if ev.get("stage") != "ResponseComplete":
+                continue
+            ts = ev.get("stageTimestamp", "")
+            t = time.mktime(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+            if not since <= t < until:
+                continue
+            ref = ev.get("objectRef") or {}
+            what = "/".join(filter(None, (ref.get("resource"), ref.get("subresource")))) or ev.get("requestURI", "")
+            key = f"{ev.get('userAgent', '').split('/')[0]} {ev.get('verb')} {what}"
+            out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+class Snapshot:
+    """Counters at one instant: CPU seconds of the operator, API server, etcd and this process; etcd's WAL bytes;
+    APF's rejected and dispatched requests of the chart's two FlowSchemas."""
+
+    def __init__(self, state: Any, op_pid: int) -> None:
+        self.t, self.wall = time.monotonic(), time.time()
+        self.cpu = {"operator": scale.proc_cpu_seconds(op_pid),
+                    "apiserver": scale.proc_cpu_seconds(state.pids["kube-apiserver"]),
+                    "etcd": scale.proc_cpu_seconds(state.pids["etcd"])}
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        self.cpu["bench (simulated workers)"] = usage.ru_utime + usage.ru_stime
+        etcd = scrape(f"http://127.0.0.1:{state.ports['etcd']}/metrics")
+        self.wal_bytes = metric_sum(etcd, "etcd_disk_wal_write_bytes_total")
+        self.puts = metric_sum(etcd, "etcd_mvcc_put_total")
+        apf = scrape(f"https://127.0.0.1:{state.ports['apiserver']}/metrics", Path(state.dir) / "pki")
+        self.apf = {f"{what} {fs}": metric_sum(apf, f"apiserver_flowcontrol_{what}_requests_total", flow_schema=fs)
+                    for what in ("rejected", "dispatched") for fs in (FLOW_SCHEMA, f"{FLOW_SCHEMA}-progress")}
+
+    def since(self, before: Snapshot) -> dict[str, Any]:
+        dt = self.t - before.t
+        return {"seconds": dt, "cpu_cores": {k: (v - before.cpu[k]) / dt for k, v in self.cpu.items()},
+                "etcd_wal_bytes_per_s": (self.wal_bytes - before.wal_bytes) / dt,
+                "etcd_puts_per_s": (self.puts - before.puts) / dt,
+                "apf": {k: v - before.apf[k] for k, v in self.apf.items()}}
+
+
+class RssSampler:
+    """The operator's resident memory every 5 s (average and peak over the window)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.stop = pid, threading.Event()
+        self.samples: list[float] = []
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(5) and Path(f"/proc/{self.pid}").exists():
+            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    self.samples.append(int(line.split()[1]) / 1024)
+
+    def summary(self) -> dict[str, float]:
+        self.stop.set()
+        return {"avg_mb": statistics.fmean(self.samples), "max_mb": max(self.samples),
+                "peak_hwm_mb": scale.proc_peak_rss_mb(self.pid)}
+
+
+def create_jobs(custom: Any, ns: str, jobs: list[str], workers: int) -> None:
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda j: custom.create_namespaced_custom_object(
+            "ddpjob.io", "v1alpha1", ns, "ddpjobs", small_job(j, workers)), jobs))
+
+
+def wait_running(custom: Any, ns: str, n: int, timeout: float = 3600) -> None:
+    t0 = time.monotonic()
+    while scale.count_running_jobs(custom, ns) < n:
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"fewer than {n} jobs Running after {timeout} s")
+        time.sleep(3)
+
+
+def job_stats(custom: Any, ns: str) -> dict[str, Any]:
+    """The DDPJob objects' sizes (bytes of JSON, as stored) and their incidents."""
+    raw = custom.list_namespaced_custom_object("ddpjob.io", "v1alpha1", ns, "ddpjobs", _preload_content=False)
+    items = json.loads(raw.data)["items"]
+    sizes = sorted(len(json.dumps(i, separators=(",", ":"))) for i in items)
+    reasons: dict[str, int] = {}
+    for item in items:
+        for inc in (item.get("status") or {}).get("incidents") or []:
+            reasons[str(inc.get("cause"))] = reasons.get(str(inc.get("cause")), 0) + 1
+    return {"jobs": len(items), "object_bytes_p50": statistics.median(sizes), "object_bytes_max": sizes[-1],
+            "incidents_by_reason": reasons}
+
+
+def worker_api(kubeconfig: Path, state: Any, ns: str, work: Path) -> CountingApi:
+    """The worker runtime's InClusterApi with the namespace's worker ServiceAccount token, as a pod mounts it."""
+    from ddpjob_operator.api import names
+    from ddpjob_worker.statusclient import InClusterApi
+
+    token = work / "worker-token"
+    token.write_text(kubectl(kubeconfig, "-n", ns, "create", "token", names.WORKER_SERVICE_ACCOUNT,
+                             "--duration=24h"))
+    ca = Path(state.dir) / "pki" / "ca.crt"
+    return CountingApi(InClusterApi("127.0.0.1", state.ports["apiserver"], token, ca))
+
+
+def measure_window(ctx: dict[str, Any], minutes: float, samples: list[str]) -> dict[str, Any]:
+    """The progress load for ``minutes``: counters before and after, RSS every 5 s, and a deleted worker pod of
+    each job in ``samples`` at even spacing, timed to its replacement."""
+    state, op, core, ns = ctx["state"], ctx["op"], ctx["core"], ctx["ns"]
+    api = worker_api(ctx["kubeconfig"], state, ns, ctx["work"])
+    writers = RankZeros(ns, ctx["jobs"], api)
+    writers.thread.start()
+    time.sleep(20)  # every rank 0 started (offsets < 10 s) and sent its first reports
+    rss, before = RssSampler(op.pid), Snapshot(state, op.pid)
+    end = before.t + 60 * minutes
+    latencies, failures = [], []
+    for i, job in enumerate(samples):
+        time.sleep(max(0.0, before.t + (i + 1) * 60 * minutes / (len(samples) + 1) - time.monotonic()))
+        try:
+            latencies.append(replace_once(core, ns, job))
+        except Exception as err:  # the API server did not answer (a 504 under load): a finding, not the end
+            failures.append(f"{job}: {str(err).splitlines()[0]}")
+    time.sleep(max(0.0, end - time.monotonic()))
+    after = Snapshot(state, op.pid)
+    writers.stop.set()
+    out = after.since(before)
+    out.update(operator_rss=rss.summary(), replacement=latency_summary(latencies), replacement_failures=failures,
+               audit=audit_calls(ctx["audit_log"], before.wall, after.wall))
+    with api.lock:
+        patch_s = sorted(api.seconds)
+        out["progress_patches"] = {"ok": api.ok, "failed": api.failed,
+                                   "p50_s": statistics.median(patch_s) if patch_s else None,
+                                   "p95_s": patch_s[int(0.95 * len(patch_s))] if patch_s else None}
+    return out
+
+
+def idle_window(ctx: dict[str, Any], seconds: float, samples: list[str]) -> dict[str, Any]:
+    """All jobs Running and nobody reporting: the operator's own steady cost, and replacements without load."""
+    state, op = ctx["state"], ctx["op"]
+    before = Snapshot(state, op.pid)
+    latencies = [replace_once(ctx["core"], ctx["ns"], job) for job in samples]
+    time.sleep(max(0.0, before.t + seconds - time.monotonic()))
+    out = Snapshot(state, op.pid).since(before)
+    out["replacement"] = latency_summary(latencies)
+    return out
+
+
+def run(ctx: dict[str, Any], n: int, workers: int, minutes: float) -> dict[str, Any]:
+    from kubernetes import client
+
+    custom: Any = client.CustomObjectsApi(ctx["admin"])
+    jobs = [f"job-{i}" for i in range(n)]
+    ctx["jobs"] = jobs
+    first = jobs[:5]
+    create_jobs(custom, ctx["ns"], first, workers)
+    wait_running(custom, ctx["ns"], len(first))
+    time.sleep(5)
+    alone = latency_summary([replace_once(ctx["core"], ctx["ns"], j) for j in first])
+    print(f"alone: replacement p50 {alone['p50_s']:.2f} s", flush=True)
+    t0 = time.monotonic()
+    create_jobs(custom, ctx["ns"], jobs[5:], workers)
+    wait_running(custom, ctx["ns"], n)
+    created = time.monotonic() - t0
+    print(f"{n} jobs Running in {created:.0f} s", flush=True)
+    time.sleep(30)  # the creation's tail (status writes, the scheduler's binds) is over
+    idle = idle_window(ctx, 120, jobs[5:15])
+    print(f"idle: {json.dumps(idle)}", flush=True)
+    loaded = measure_window(ctx, minutes, jobs[15:25])
+    stats = job_stats(custom, ctx["ns"])
+    return {"jobs": n, "workers": workers, "minutes": minutes, "create_all_running_s": created,
+            "report_budget": os.environ.get("DDPJOB_REPORT_WRITES_PER_SECOND", "default"),
+            "replacement_alone": alone, "idle": idle, "loaded": loaded, "objects": stats,
+            "load_1m_at_end": os.getloadavg()[0]}
+
+
+def report(r: dict[str, Any]) -> None:
+    lo, idle = r["loaded"], r["idle"]
+    n, secs = r["jobs"], lo["seconds"]
+    by_agent: dict[str, int] = {}
+    for key, count in lo["audit"].items():
+        by_agent[key.split(" ")[0]] = by_agent.get(key.split(" ")[0], 0) + count
+    print(f"\n{n} running jobs x {r['workers']} workers, progress for {secs / 60:.1f} min "
+          f"(load {r['load_1m_at_end']:.1f} at the end)")
+    for who, cores in lo["cpu_cores"].items():
+        print(f"  CPU {who:<28} {cores:6.3f} cores loaded   {idle['cpu_cores'][who]:6.3f} idle")
+    rss = lo["operator_rss"]
+    print(f"  operator RSS avg {rss['avg_mb']:.0f} MB, max {rss['max_mb']:.0f} MB")
+    for agent, count in sorted(by_agent.items(), key=lambda kv: -kv[1])[:6]:
+        print(f"  requests {agent:<34} {count / secs:7.2f}/s  {count / secs / n * 60:6.2f}/job/min")
+    print(f"  etcd WAL {lo['etcd_wal_bytes_per_s'] / 1024:.0f} KiB/s, {lo['etcd_puts_per_s']:.0f} puts/s; "
+          f"APF {json.dumps(lo['apf'])}")
+    print(f"  DDPJob object {r['objects']['object_bytes_p50']} B p50, {r['objects']['object_bytes_max']} B max; "
+          f"incidents {r['objects']['incidents_by_reason']}")
+    print(f"  progress patches {json.dumps(lo['progress_patches'])}")
+    for what, rep in (("alone", r["replacement_alone"]), ("idle", idle["replacement"]),
+                      ("loaded", lo["replacement"])):
+        print(f"  replacement {what:<7} p50 {rep['p50_s']:.2f} s  p95 {rep['p95_s']:.2f} s  (n={rep['n']})")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument("--minutes", type=float, default=10)
+    parser.add_argument("--report-budget", type=float, default=None,
+                        help="the operator's --report-writes-per-second (default: its own, the chart's 50)")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_budget is not None:
+        os.environ["DDPJOB_REPORT_WRITES_PER_SECOND"] = str(args.report_budget)
+    work = Path(tempfile.mkdtemp(prefix="ddpjob-steady-"))
+    (work / "audit-policy.yaml").write_text(scale.AUDIT_POLICY)
+    audit_log = work / "audit.log"
+    os.environ["DDPJOB_APISERVER_EXTRA_ARGS"] = (
+        f"--audit-policy-file={work / 'audit-policy.yaml'} --audit-log-path={audit_log} --audit-log-format=json "
+        "--audit-log-maxage=1")
+    state = controlplane.up(work / "cluster")
+    ns, op = "bench-steady", None
+    try:
+        kubeconfig = state.kubeconfig
+        kubectl(kubeconfig, "apply", "-f", str(REPO / "operator" / "ddpjob_operator" / "crd" / "ddpjob-crd.yaml"))
+        ensure_capacity(kubeconfig, args.jobs * (args.workers + 1))
+        op_config = operator_kubeconfig(kubeconfig, work)
+        kubectl(kubeconfig, "create", "namespace", ns)
+        admin = scale.api_client(kubeconfig)
+        from kubernetes import client
+
+        core: Any = client.CoreV1Api(admin)
+        scale.wait_until(lambda: core.list_namespaced_service_account(ns).items, 30, "default SA")
+        log = open(work / "operator.log", "wb")  # noqa: SIM115
+        op = scale.start_operator(op_config, ns, log)
+        ctx = {"state": state, "op": op, "core": core, "admin": admin, "ns": ns, "kubeconfig": kubeconfig,
+               "work": work, "audit_log": audit_log}
+        result = run(ctx, args.jobs, args.workers, args.minutes)
+    finally:
+        if op is not None:
+            os.killpg(op.pid, 15)
+            op.wait(30)
+        controlplane.down(work / "cluster", quiet=True)
+    out = args.out / f"steady-state-{args.jobs}.json"
+    out.write_text(json.dumps(result, indent=2))
+    report(result)
+    print(f"\nwrote {out}; operator log {work / 'operator.log'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

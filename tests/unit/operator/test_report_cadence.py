@@ -1,0 +1,63 @@
+"""report_cadence.interval (issue 46): a write budget for every running job's routine progress reports."""
+
+from __future__ import annotations
+
+import pytest
+from ddpjob_operator.planner.policies import report_cadence
+
+
+@pytest.mark.parametrize(("jobs", "budget", "seconds"), [
+    (0, 50, None),
+    (500, 50, None),  # 50 writes/s at the worker's own 10 s: within the budget, the status says nothing
+    (501, 50, 20),
+    (1000, 50, 20),
+    (1000, 20, 80),
+    (1000, 40, 40),
+    (5000, 50, 160),
+    (100_000, 50, 320),  # the longest cadence, whatever the number
+    (100_000, 0, None),  # no budget
+])
+def test_the_cadence_doubles_until_the_running_jobs_fit_the_budget(jobs: int, budget: float,
+                                                                    seconds: int | None) -> None:
+    assert report_cadence.interval(jobs, budget) == seconds
+    effective = seconds or report_cadence.BASE_SECONDS
+    assert budget <= 0 or jobs / effective <= budget or effective == report_cadence.MAX_SECONDS
+
+
+@pytest.mark.parametrize(("cadence", "deadline", "seconds"), [
+    (None, 900, None),
+    (80, 900, 80),
+    (320, 900, 225),  # a quarter of the stall deadline
+    (80, 60, 15),
+    (80, 40, None),  # 10 s is the worker's own: the status says nothing
+    (80, 120, 30),
+    (80, 0, 80),  # no stall check
+])
+def test_a_jobs_cadence_is_at_most_a_quarter_of_its_stall_deadline(cadence: int | None, deadline: int,
+                                                                     seconds: int | None) -> None:
+    assert report_cadence.for_job(cadence, deadline) == seconds
+
+
+def test_the_status_carries_the_cadence_of_a_job_that_runs_and_drops_it_once_finished() -> None:
+    import dataclasses
+
+    from ddpjob_operator.planner.plan import plan
+    from ddpjob_worker.contract import STATUS_REPORT_INTERVAL
+
+    from .factories import at, running_cluster
+
+    c = running_cluster(replicas=2)
+    assert c.job is not None
+    quiet = plan(c.job, c.observed(), at(5))
+    assert STATUS_REPORT_INTERVAL not in quiet.status or quiet.status[STATUS_REPORT_INTERVAL] is None
+    busy = plan(c.job, dataclasses.replace(c.observed(), report_interval=80), at(5))
+    assert busy.status[STATUS_REPORT_INTERVAL] == 80 and busy.patch[STATUS_REPORT_INTERVAL] == 80
+    c.job.setdefault("status", {})[STATUS_REPORT_INTERVAL] = 80
+    c.job["spec"].setdefault("runPolicy", {})["progressDeadlineSeconds"] = 120
+    capped = plan(c.job, dataclasses.replace(c.observed(), report_interval=80), at(5))
+    assert capped.status[STATUS_REPORT_INTERVAL] == 30
+    for pod in c.pods.values():
+        pod["status"] = {"phase": "Succeeded", "containerStatuses": [
+            {"name": "worker", "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-01-01T00:00:00Z"}}}]}
+    done = plan(c.job, dataclasses.replace(c.observed(), report_interval=80), at(400))
+    assert done.status["state"] == "Succeeded" and done.status.get(STATUS_REPORT_INTERVAL) is None
