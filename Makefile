@@ -84,6 +84,10 @@ run-local: venv ## Run the CPU example DDPJob locally with `ddpjob run` (no Kube
 bench: venv tools ## Run the benchmarks (operator scale; checkpoint and worker benchmarks live in bench/ too)
 	$(PY) bench/operator_scale.py --jobs 1 100 500 --out docs/bench
 
+.PHONY: bench-steady
+bench-steady: venv tools ## 1,000 running jobs x 8 workers reporting progress for 10 min: operator CPU, API load, replacement latency
+	PYTHONPATH=operator:worker $(PY) bench/steady_state.py --jobs 1000 --workers 8 --minutes 10 --out docs/bench
+
 .PHONY: bench-replication
 bench-replication: venv tools ## Replication of a script's 1 GB checkpoints: step time off/on, copy lag, restore from a peer and from S3
 	$(PY) bench/replication_bench.py --size-mb 1024 --every 40 --steps 160 --repeats 2

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import operator_scale as scale
+import steady_support
+from steady_support import RssSampler, Snapshot, audit_calls, latency_summary
 
 from tests.cluster import controlplane
 from tests.integration.operator_support import small_job
@@ -152,104 +153,6 @@ def replace_once(core: Any, ns: str, job: str, index: int = 1) -> float:
     raise TimeoutError(f"no replacement for {job} worker {index} in 300 s")
 
 
-def latency_summary(samples: list[float]) -> dict[str, Any]:
-    s = sorted(samples) or [float("nan")]
-    return {"n": len(s), "p50_s": statistics.median(s), "p95_s": s[min(len(s) - 1, int(0.95 * len(s)))],
-            "max_s": s[-1], "samples_s": [round(x, 3) for x in samples]}
-
-
-def scrape(url: str, pki: Path | None = None) -> dict[str, float]:
-    """Prometheus text: sample name with labels -> value (the API server's with the admin certificate in ``pki``)."""
-    import ssl
-    import urllib.request
-
-    tls = None
-    if pki is not None:
-        tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
-        tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-    text = urllib.request.urlopen(url, timeout=10, context=tls).read().decode()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.rpartition(" ")
-            try:
-                out[key] = float(value)
-            except ValueError:
-                continue
-    return out
-
-
-def metric_sum(samples: dict[str, float], name: str, **labels: str) -> float:
-    want = [f'{k}="{v}"' for k, v in labels.items()]
-    return sum(v for k, v in samples.items()
-               if (k == name or k.startswith(name + "{")) and all(w in k for w in want))
-
-
-def audit_calls(audit_log: Path, since: float, until: float) -> dict[str, int]:
-    """Requests between ``since`` and ``until`` (wall clock) by "<agent> <verb> <resource>", every namespace."""
-    out: dict[str, int] = {}
-    with audit_log.open() as fh:
-        for line in fh:
-            ev = json.loads(line)
-            if ev.get("stage") != "ResponseComplete":
-                continue
-            ts = ev.get("stageTimestamp", "")
-            t = time.mktime(time.strptime(ts[:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
-            if not since <= t < until:
-                continue
-            ref = ev.get("objectRef") or {}
-            what = "/".join(filter(None, (ref.get("resource"), ref.get("subresource")))) or ev.get("requestURI", "")
-            key = f"{ev.get('userAgent', '').split('/')[0]} {ev.get('verb')} {what}"
-            out[key] = out.get(key, 0) + 1
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
-
-
-class Snapshot:
-    """Counters at one instant: CPU seconds of the operator, API server, etcd and this process; etcd's WAL bytes;
-    APF's rejected and dispatched requests of the chart's two FlowSchemas."""
-
-    def __init__(self, state: Any, op_pid: int) -> None:
-        self.t, self.wall = time.monotonic(), time.time()
-        self.cpu = {"operator": scale.proc_cpu_seconds(op_pid),
-                    "apiserver": scale.proc_cpu_seconds(state.pids["kube-apiserver"]),
-                    "etcd": scale.proc_cpu_seconds(state.pids["etcd"])}
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        self.cpu["bench (simulated workers)"] = usage.ru_utime + usage.ru_stime
-        etcd = scrape(f"http://127.0.0.1:{state.ports['etcd']}/metrics")
-        self.wal_bytes = metric_sum(etcd, "etcd_disk_wal_write_bytes_total")
-        self.puts = metric_sum(etcd, "etcd_mvcc_put_total")
-        apf = scrape(f"https://127.0.0.1:{state.ports['apiserver']}/metrics", Path(state.dir) / "pki")
-        self.apf = {f"{what} {fs}": metric_sum(apf, f"apiserver_flowcontrol_{what}_requests_total", flow_schema=fs)
-                    for what in ("rejected", "dispatched") for fs in (FLOW_SCHEMA, f"{FLOW_SCHEMA}-progress")}
-
-    def since(self, before: Snapshot) -> dict[str, Any]:
-        dt = self.t - before.t
-        return {"seconds": dt, "cpu_cores": {k: (v - before.cpu[k]) / dt for k, v in self.cpu.items()},
-                "etcd_wal_bytes_per_s": (self.wal_bytes - before.wal_bytes) / dt,
-                "etcd_puts_per_s": (self.puts - before.puts) / dt,
-                "apf": {k: v - before.apf[k] for k, v in self.apf.items()}}
-
-
-class RssSampler:
-    """The operator's resident memory every 5 s (average and peak over the window)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid, self.stop = pid, threading.Event()
-        self.samples: list[float] = []
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        while not self.stop.wait(5) and Path(f"/proc/{self.pid}").exists():
-            for line in Path(f"/proc/{self.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    self.samples.append(int(line.split()[1]) / 1024)
-
-    def summary(self) -> dict[str, float]:
-        self.stop.set()
-        return {"avg_mb": statistics.fmean(self.samples), "max_mb": max(self.samples),
-                "peak_hwm_mb": scale.proc_peak_rss_mb(self.pid)}
-
-
 def create_jobs(custom: Any, ns: str, jobs: list[str], workers: int) -> None:
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda j: custom.create_namespaced_custom_object(
@@ -297,7 +200,8 @@ def measure_window(ctx: dict[str, Any], minutes: float, samples: list[str]) -> d
     writers = RankZeros(ns, ctx["jobs"], api)
     writers.thread.start()
     time.sleep(20)  # every rank 0 started (offsets < 10 s) and sent its first reports
-    rss, before = RssSampler(op.pid), Snapshot(state, op.pid)
+    spy = scale.start_profiler(op.pid, ctx["profile"] / "operator-loaded.pyspy" if ctx["profile"] else None)
+    rss, before = RssSampler(op.pid), Snapshot(state, op.pid, FLOW_SCHEMA)
     end = before.t + 60 * minutes
     latencies, failures = [], []
     for i, job in enumerate(samples):
@@ -307,8 +211,9 @@ def measure_window(ctx: dict[str, Any], minutes: float, samples: list[str]) -> d
         except Exception as err:  # the API server did not answer (a 504 under load): a finding, not the end
             failures.append(f"{job}: {str(err).splitlines()[0]}")
     time.sleep(max(0.0, end - time.monotonic()))
-    after = Snapshot(state, op.pid)
+    after = Snapshot(state, op.pid, FLOW_SCHEMA)
     writers.stop.set()
+    scale.stop_profiler(spy)
     out = after.since(before)
     out.update(operator_rss=rss.summary(), replacement=latency_summary(latencies), replacement_failures=failures,
                audit=audit_calls(ctx["audit_log"], before.wall, after.wall))
@@ -323,10 +228,12 @@ def measure_window(ctx: dict[str, Any], minutes: float, samples: list[str]) -> d
 def idle_window(ctx: dict[str, Any], seconds: float, samples: list[str]) -> dict[str, Any]:
     """All jobs Running and nobody reporting: the operator's own steady cost, and replacements without load."""
     state, op = ctx["state"], ctx["op"]
-    before = Snapshot(state, op.pid)
+    spy = scale.start_profiler(op.pid, ctx["profile"] / "operator-idle.pyspy" if ctx["profile"] else None)
+    before = Snapshot(state, op.pid, FLOW_SCHEMA)
     latencies = [replace_once(ctx["core"], ctx["ns"], job) for job in samples]
     time.sleep(max(0.0, before.t + seconds - time.monotonic()))
-    out = Snapshot(state, op.pid).since(before)
+    out = Snapshot(state, op.pid, FLOW_SCHEMA).since(before)
+    scale.stop_profiler(spy)
     out["replacement"] = latency_summary(latencies)
     return out
 
@@ -388,11 +295,19 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--minutes", type=float, default=10)
+    parser.add_argument("--profile", action="store_true",
+                        help="py-spy record the operator in each window: <out>/operator-{idle,loaded}.pyspy")
     parser.add_argument("--report-budget", type=float, default=None,
                         help="the operator's --report-writes-per-second (default: its own, the chart's 50)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "bench")
+    parser.add_argument("--plot", nargs="+", metavar="LABEL=JSON",
+                        help="only draw <out>/steady-state.png from earlier results, one bar group per run")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.plot:
+        runs = [(label, json.loads(Path(path).read_text())) for label, path in (a.split("=", 1) for a in args.plot)]
+        steady_support.plot(runs, args.out / "steady-state.png")
+        return 0
     if args.report_budget is not None:
         os.environ["DDPJOB_REPORT_WRITES_PER_SECOND"] = str(args.report_budget)
     work = Path(tempfile.mkdtemp(prefix="ddpjob-steady-"))
@@ -417,7 +332,7 @@ def main() -> int:
         log = open(work / "operator.log", "wb")  # noqa: SIM115
         op = scale.start_operator(op_config, ns, log)
         ctx = {"state": state, "op": op, "core": core, "admin": admin, "ns": ns, "kubeconfig": kubeconfig,
-               "work": work, "audit_log": audit_log}
+               "work": work, "audit_log": audit_log, "profile": args.out if args.profile else None}
         result = run(ctx, args.jobs, args.workers, args.minutes)
     finally:
         if op is not None:

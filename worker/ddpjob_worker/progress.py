@@ -41,9 +41,12 @@ __all__ = ["GROUP", "MERGE_PATCH", "PLURAL", "REQUEST_TIMEOUT_SECONDS", "SERVICE
 
 log = get_logger("progress")
 
-#: After a failed report the next waits twice as long, up to this many times the interval (an API server that
-#: refuses or times out is not sent more; the first answer resets it).
+#: After a failed or slow report the next waits twice as long, up to this many times the interval: an API server that
+#: refuses, times out or is slow to answer is sent less (the operator keeps its cadence at most an eighth of the
+#: job's progress deadline, so a reporter backed off to the full 4 times still reports within half of it).
 MAX_BACKOFF = 4
+#: A report answered slower than this doubles the backoff; one answered in a quarter of it halves it.
+SLOW_SECONDS = 1.0
 
 #: ``status.progress.source``: the script's own ProgressReporter, or the optimizer steps the runtime counted.
 SOURCE_REPORTER = "Reporter"
@@ -278,13 +281,18 @@ class ProgressReporter:
         return max(self.interval if base is None else base, self._advertised) * self._backoff
 
     def _send_now(self, progress: Mapping[str, Any]) -> None:
+        t0 = time.monotonic()
         try:
             answer = patch_progress(self._client(), self.namespace, self.name, progress)
         except Exception as err:  # any failure: say so once, never stop training for it
             self._backoff = min(MAX_BACKOFF, self._backoff * 2)
             self._warn_once(f"cannot patch ddpjobs/{self.name} status in {self.namespace}: {err}")
             return
-        self._backoff = 1
+        took = time.monotonic() - t0
+        if took > SLOW_SECONDS:  # a busy API server: every reporter that sees it sends less (no coordination needed)
+            self._backoff = min(MAX_BACKOFF, self._backoff * 2)
+        elif took < SLOW_SECONDS / 4:
+            self._backoff = max(1, self._backoff // 2)
         self._advertised = _advertised(answer)
 
     @property

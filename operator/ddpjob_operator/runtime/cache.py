@@ -190,6 +190,10 @@ class ChildCache:
         live = list(self._pods.get(key, {}).values())
         return live + [t.view for t in tombs.values()]
 
+    def pod(self, key: Key, uid: str) -> PodView | None:
+        """The job's live pod with this UID, as the cache holds it (None: not held, or a tombstone)."""
+        return self._pods.get(key, {}).get(uid)
+
     def children(self, key: Key) -> dict[tuple[str, str], ChildView]:
         """The job's non-pod children by (kind, name)."""
         return dict(self._children.get(key, {}))

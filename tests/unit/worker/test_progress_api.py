@@ -248,4 +248,17 @@ def test_the_operators_cadence_in_the_answer_spaces_the_routine_reports_and_a_fa
     assert reporter.interval_now() == 80 * progress.MAX_BACKOFF
     server.status, server.stored_status = 200, {}
     reporter.report(epoch=0, step=4, global_step=4, force=True)
-    assert reporter.drain(5) and reporter.interval_now() == 10  # answered, and no cadence: the worker's own
+    assert reporter.drain(5) and reporter.interval_now() == 20  # a quick answer halves the backoff; no cadence now
+    reporter.report(epoch=0, step=5, global_step=5, force=True)
+    assert reporter.drain(5) and reporter.interval_now() == 10  # the worker's own
+
+
+def test_a_slow_answer_backs_off_like_a_failure(server: FakeApiServer, service_account: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A busy API server answers late before it fails: every reporter that sees it sends less."""
+    monkeypatch.setattr(progress, "SLOW_SECONDS", 0.0)  # every answer is slow
+    reporter = ProgressReporter(environ=ENV, api=api_for(server, service_account), interval_seconds=10)
+    for step in range(3):
+        reporter.report(epoch=0, step=step, global_step=step, force=True)
+        assert reporter.drain(5)
+    assert reporter.interval_now() == 10 * progress.MAX_BACKOFF

@@ -35,8 +35,9 @@ def interval(running_jobs: int, budget: float = DEFAULT_BUDGET) -> int | None:
 
 
 def for_job(cadence: int | None, progress_deadline_seconds: int) -> int | None:
-    """A job's cadence: at most a quarter of its ``progressDeadlineSeconds``, so a stall check never waits on a
-    report the budget held back (a job with a deadline of 60 s keeps reporting every 15 s).
+    """A job's cadence: at most an eighth of its ``progressDeadlineSeconds``, so a stall check never waits on a
+    report the budget held back, even from a reporter that backs off (ddpjob_worker.progress.MAX_BACKOFF, 4 times:
+    half the deadline). A job with a deadline of 120 s keeps reporting every 15 s.
 
     Args:
         cadence: ``interval``'s answer for all running jobs.
@@ -47,5 +48,5 @@ def for_job(cadence: int | None, progress_deadline_seconds: int) -> int | None:
     """
     if cadence is None or progress_deadline_seconds <= 0:
         return cadence
-    seconds = min(cadence, progress_deadline_seconds // 4)
+    seconds = min(cadence, progress_deadline_seconds // 8)
     return seconds if seconds > BASE_SECONDS else None
