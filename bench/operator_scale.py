@@ -118,13 +118,20 @@ def count_running_jobs(custom: Any, ns: str) -> int:
                for j in jobs)
 
 
-def wait_until(check: Any, timeout: float, what: str) -> float:
+def wait_until(check: Any, timeout: float, what: str, poll: float = 0.25) -> float:
     t0 = time.monotonic()
     while not check():
         if time.monotonic() - t0 > timeout:
             raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.25)
+        time.sleep(poll)
     return time.monotonic()
+
+
+def submit_jobs(custom: Any, ns: str, jobs: list[str], workers: int) -> None:
+    """Create a small_job of ``workers`` per name, 16 at a time (as users submitting at once)."""
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda name: custom.create_namespaced_custom_object(
+            "ddpjob.io", "v1alpha1", ns, "ddpjobs", small_job(name, workers)), jobs))
 
 
 def audit_count(audit_log: Path, namespace: str, since: float, until: float,
@@ -204,9 +211,7 @@ def run_operator_case(kubeconfig: Path, n: int, workers: int, logdir: Path, audi
         cpu0 = proc_cpu_seconds(op.pid)
         t0 = time.monotonic()
         wall0 = time.time()
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(lambda i: custom.create_namespaced_custom_object(
-                "ddpjob.io", "v1alpha1", ns, "ddpjobs", small_job(f"job-{i}", workers)), range(n)))
+        submit_jobs(custom, ns, [f"job-{i}" for i in range(n)], workers)
         t_submitted = time.monotonic()
         t_pods = counter.wait(1800)
         t_running = wait_until(lambda: count_running_jobs(custom, ns) >= n, 1800, "all jobs Running")

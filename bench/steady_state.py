@@ -24,7 +24,6 @@ import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ import steady_support
 from steady_support import RssSampler, Snapshot, audit_calls, latency_summary
 
 from tests.cluster import controlplane
-from tests.integration.operator_support import small_job
 
 REPO = scale.REPO
 OPERATOR_NS, OPERATOR_SA, RELEASE = "ddpjob-system", "ddpjob-operator", "ddpjob-operator"
@@ -153,18 +151,9 @@ def replace_once(core: Any, ns: str, job: str, index: int = 1) -> float:
     raise TimeoutError(f"no replacement for {job} worker {index} in 300 s")
 
 
-def create_jobs(custom: Any, ns: str, jobs: list[str], workers: int) -> None:
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda j: custom.create_namespaced_custom_object(
-            "ddpjob.io", "v1alpha1", ns, "ddpjobs", small_job(j, workers)), jobs))
-
-
-def wait_running(custom: Any, ns: str, n: int, timeout: float = 3600) -> None:
-    t0 = time.monotonic()
-    while scale.count_running_jobs(custom, ns) < n:
-        if time.monotonic() - t0 > timeout:
-            raise TimeoutError(f"fewer than {n} jobs Running after {timeout} s")
-        time.sleep(3)
+def running(custom: Any, ns: str, n: int) -> None:
+    """Wait for ``n`` Running jobs, listing them every 3 s (a LIST of 1,000 jobs is ~5 MB)."""
+    scale.wait_until(lambda: scale.count_running_jobs(custom, ns) >= n, 3600, f"{n} jobs Running", poll=3)
 
 
 def job_stats(custom: Any, ns: str) -> dict[str, Any]:
@@ -245,14 +234,14 @@ def run(ctx: dict[str, Any], n: int, workers: int, minutes: float) -> dict[str, 
     jobs = [f"job-{i}" for i in range(n)]
     ctx["jobs"] = jobs
     first = jobs[:5]
-    create_jobs(custom, ctx["ns"], first, workers)
-    wait_running(custom, ctx["ns"], len(first))
+    scale.submit_jobs(custom, ctx["ns"], first, workers)
+    running(custom, ctx["ns"], len(first))
     time.sleep(5)
     alone = latency_summary([replace_once(ctx["core"], ctx["ns"], j) for j in first])
     print(f"alone: replacement p50 {alone['p50_s']:.2f} s", flush=True)
     t0 = time.monotonic()
-    create_jobs(custom, ctx["ns"], jobs[5:], workers)
-    wait_running(custom, ctx["ns"], n)
+    scale.submit_jobs(custom, ctx["ns"], jobs[5:], workers)
+    running(custom, ctx["ns"], n)
     created = time.monotonic() - t0
     print(f"{n} jobs Running in {created:.0f} s", flush=True)
     time.sleep(30)  # the creation's tail (status writes, the scheduler's binds) is over

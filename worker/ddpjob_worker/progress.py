@@ -98,8 +98,9 @@ class ProgressReporter:
     patches go out from a thread of their own (sender.py), so a slow API server never holds a training step.
 
     The operator may ask for a longer interval (``status.reportIntervalSeconds``, its write budget for all running
-    jobs: docs/operator-scale.md), read from the answer to each report; a failed report doubles the wait before the
-    next, up to MAX_BACKOFF times. Forced reports never wait.
+    jobs: docs/operator-scale.md), read from the answer to each report; a failed report, or one answered in over
+    SLOW_SECONDS, doubles the wait before the next, up to MAX_BACKOFF times, and a quick answer halves it again.
+    Forced reports never wait.
 
     Args:
         interval_seconds: The least time between two reports sent (``report(force=True)`` sends at once).
