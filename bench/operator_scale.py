@@ -27,6 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from tests.cluster import controlplane  # noqa: E402
 from tests.cluster.controlplane import down, free_port, up  # noqa: E402
 from tests.integration.operator_support import small_job  # noqa: E402
 
@@ -158,6 +159,16 @@ def audit_count(audit_log: Path, namespace: str, since: float, until: float,
                 call = f"{ev.get('verb')} " + "/".join(filter(None, (ref.get("resource"), ref.get("subresource"))))
                 by_call[call] = by_call.get(call, 0) + 1
     return by_ua
+
+
+def ensure_capacity(kubeconfig: Path, pods: int) -> None:
+    """Enough kwok nodes for ``pods`` (the cluster starts with KWOK_NODES of NODE_CAPACITY pods each): 2,000 jobs x 8
+    workers are 18,000 pods."""
+    per_node = int(controlplane.NODE_CAPACITY["pods"])
+    needed = -(-pods * 5 // 4 // per_node)  # a quarter spare: replacements and terminating pods
+    for i in range(controlplane.KWOK_NODES, needed):
+        subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "apply", "-f", "-"],
+                       input=controlplane._node_manifest(i), text=True, capture_output=True, check=True)
 
 
 def delete_namespace(kubeconfig: Path, ns: str) -> None:
@@ -350,6 +361,7 @@ def main() -> int:
         subprocess.run(["kubectl", f"--kubeconfig={kubeconfig}", "apply", "-f", str(crd)], check=True,
                        capture_output=True)
         time.sleep(3)
+        ensure_capacity(kubeconfig, max(args.jobs) * (args.workers + 1))
         for n in args.jobs:
             print(f"--- {n} jobs x {args.workers} workers", flush=True)
             op = run_operator_case(kubeconfig, n, args.workers, work, audit_log,

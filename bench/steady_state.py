@@ -65,14 +65,6 @@ def operator_kubeconfig(kubeconfig: Path, work: Path) -> Path:
     return out
 
 
-def ensure_capacity(kubeconfig: Path, pods: int) -> None:
-    """Enough kwok nodes for ``pods`` (the cluster starts with KWOK_NODES of NODE_CAPACITY pods each)."""
-    per_node = int(controlplane.NODE_CAPACITY["pods"])
-    needed = -(-pods * 5 // 4 // per_node)  # a quarter spare: replacements and terminating pods
-    for i in range(controlplane.KWOK_NODES, needed):
-        kubectl(kubeconfig, "apply", "-f", "-", stdin=controlplane._node_manifest(i))
-
-
 class CountingApi:
     """The worker runtime's own client (InClusterApi), counting its patches, failures and their seconds."""
 
@@ -310,7 +302,7 @@ def main() -> int:
     try:
         kubeconfig = state.kubeconfig
         kubectl(kubeconfig, "apply", "-f", str(REPO / "operator" / "ddpjob_operator" / "crd" / "ddpjob-crd.yaml"))
-        ensure_capacity(kubeconfig, args.jobs * (args.workers + 1))
+        scale.ensure_capacity(kubeconfig, args.jobs * (args.workers + 1))
         op_config = operator_kubeconfig(kubeconfig, work)
         kubectl(kubeconfig, "create", "namespace", ns)
         admin = scale.api_client(kubeconfig)

@@ -1,5 +1,5 @@
 """kopf's private modules, named here and nowhere else: the operator reuses kopf's authenticated API client and its
-error types (kube/client.py, runtime/resync.py) and its watch stream (podwatch.py), which kopf keeps under
+error types (kube/client.py, runtime/resync.py) and its watch stream (streams.py), which kopf keeps under
 ``kopf._cogs`` and may change in any release; and it fences kopf's Event poster (:func:`fence_events`). pyproject
 pins kopf to the minor these were read in and tested with (``kopf>=1.45,<1.46``); moving that pin means checking
 each name below against the new kopf, and the tests that use them."""

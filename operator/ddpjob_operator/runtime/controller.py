@@ -1,6 +1,7 @@
 """The reconcile loop: a keyed work queue, a few workers, and one pass per job = read, plan, apply, write
-status once, emit events. kopf handlers (handlers.py) only feed it (DDPJob bodies, child events into the
-cache); the periodic resync (resync.py) corrects what the watches missed; all decisions are in planner.plan."""
+status once, emit events. Its streams of DDPJobs and pods (kube/streams.py) and kopf handlers of the rarer kinds
+(handlers.py) only feed it (DDPJob bodies, child events into the cache); the periodic resync (resync.py) corrects
+what the watches missed; all decisions are in planner.plan."""
 
 from __future__ import annotations
 
@@ -12,14 +13,15 @@ import logging
 import time
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import kopf
 
 from ddpjob_operator.api.formats import truncate
 from ddpjob_operator.api.spec import QUEUE_LABEL, InvalidSpec, managed_elsewhere, parse_ddpjob
-from ddpjob_operator.kube import podwatch
+from ddpjob_operator.kube import streams
 from ddpjob_operator.kube.client import Kube, NamespaceTerminating, Rejected
+from ddpjob_operator.kube.events import Poster
 from ddpjob_operator.kube.identity import WorkerIdentity
 from ddpjob_operator.metrics import registry as metrics
 from ddpjob_operator.metrics import transitions
@@ -34,7 +36,7 @@ from ddpjob_operator.runtime.apply import answered, apply_children, apply_pods
 from ddpjob_operator.runtime.cache import ChildCache, Key
 from ddpjob_operator.runtime.isolation import IsolationCheck
 from ddpjob_operator.runtime.memory import JobMemory, backoff
-from ddpjob_operator.runtime.pod_check import check_pods
+from ddpjob_operator.runtime.pod_check import Accepted, check_pods
 from ddpjob_operator.runtime.workqueue import WorkQueue
 
 log = logging.getLogger("ddpjob.controller")
@@ -53,7 +55,8 @@ def _answered(observed: planner.Observed, mem: JobMemory, rejection: Rejection |
     """What the pass observed, with the API server's answers to its own writes since (refusals, conflicts, a
     rejected child): what a re-plan within the pass plans from."""
     return dataclasses.replace(observed, problems=dict(mem.problems), rejected=rejection,
-                               refused_pods=dict(mem.pods_refused), accepted_pods=frozenset(mem.pods_accepted))
+                               refused_pods=dict(mem.pods_refused),
+                               accepted_pods=frozenset(mem.pods_accepted) | (observed.accepted_pods or frozenset()))
 
 
 def _older(rv: str, than: str) -> bool:
@@ -84,10 +87,12 @@ class Controller:
         metrics.JOB_STATS.source = lambda: [mem.body for mem in self.jobs.values()]
         self.cache = ChildCache()
         self.identity = WorkerIdentity()
+        self.accepted = Accepted()  # dry-run verdicts shared by a namespace's jobs (pod_check.py)
         self._states: dict[Key, str] = {}
         self._running = 0  # jobs in state Running (the report cadence's input)
         self.report_budget = report_cadence.DEFAULT_BUDGET  # ddpjob operator --report-writes-per-second
         self.kube: Kube | None = None
+        self.events: Poster | None = None
         self.namespaces: list[str] = []
         self.resync_seconds = resync.DEFAULT_RESYNC_SECONDS
         self.runtime_image = ""  # ddpjob operator --runtime-image; empty: inject.DEFAULT_RUNTIME_IMAGE
@@ -98,22 +103,30 @@ class Controller:
         self.foreign: dict[Key, str] = {}  # jobs another controller manages (spec.managedBy) -> that controller
 
     def start(self, kube: Kube) -> None:
-        """Start the workers, the resync and the pods' watch (once), inside a kopf handler's context so kopf.event()
-        can post Events and the API calls find kopf's credentials."""
+        """Start the workers, the resync and the streams of DDPJobs and pods (once), inside kopf's context (its
+        startup handler, handlers.start) so that the API calls find kopf's credentials."""
         if self._workers:
             return
         self.kube = kube
+        self.events = Poster(kube.settings)
         self._synced = asyncio.Event()
         self._workers = [asyncio.create_task(self._work(), name=f"ddpjob-worker-{i}") for i in range(WORKERS)]
         self._workers.append(asyncio.create_task(
             resync.sync_then_resync(kube, self.cache, self, self.namespaces, self.resync_seconds, self._synced),
             name="ddpjob-resync"))
         self._workers.append(asyncio.create_task(
-            podwatch.watch_pods(kube.settings, self.namespaces, functools.partial(self.child_seen, "Pod")),
+            streams.watch(kube.settings, streams.DDPJOBS, self.namespaces, self.job_seen), name="ddpjob-jobs"))
+        self._workers.append(asyncio.create_task(
+            streams.watch(kube.settings, streams.PODS, self.namespaces, functools.partial(self.child_seen, "Pod")),
             name="ddpjob-pods"))
         self._workers.append(asyncio.create_task(  # every job says what changed in its next pass
             self.isolation.run(kube, self.resync_seconds, lambda: self.enqueue(list(self.jobs))),
             name="ddpjob-isolation"))
+
+    def post_event(self, body: Mapping[str, Any], type: str, reason: str, message: str) -> None:
+        """An Event about the job, posted in the background (kube/events.py)."""
+        assert self.events is not None, "start() first"
+        self.events.post(body, type, reason, message)
 
     @property
     def started(self) -> bool:
@@ -127,6 +140,8 @@ class Controller:
             task.cancel()
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers = []
+        if self.events is not None:
+            await self.events.close()
 
     def mark(self) -> int:
         """Where the jobs' watch events and status writes stand now: a resync takes it before its LIST."""
@@ -291,8 +306,7 @@ class Controller:
         mem.restarts_floor = max(mem.restarts_floor, int(plan.status.get("restarts") or 0))
         mem.incidents_floor = max(mem.incidents_floor, int(plan.status.get("incidentCount") or 0))
         for event in plan.events:
-            poster = kopf.warn if event.type == "Warning" else kopf.info
-            poster(cast(kopf.Body, body), reason=event.reason, message=truncate(event.message))
+            self.post_event(body, event.type, event.reason, truncate(event.message))
         if plan.delete_job and plan.job is not None:
             await self.kube.delete_job(key[0], key[1], plan.job.uid)
         mem.errors = 0
@@ -314,7 +328,8 @@ class Controller:
             report_interval=report_cadence.interval(self._running, self.report_budget),
             kueue=await self._kueue_inputs(body, key, mem), last_valid_spec=mem.last_valid_spec,
             runtime_image=self.runtime_image, unreadable_said=frozenset(mem.unreadable_said),
-            refused_pods=dict(mem.pods_refused), accepted_pods=frozenset(mem.pods_accepted),
+            refused_pods=dict(mem.pods_refused),
+            accepted_pods=frozenset(mem.pods_accepted) | self.accepted.of(key),
             worker_isolation=self.isolation.verdict,
         )
 
@@ -336,7 +351,8 @@ class Controller:
         try:
             if plan.job is not None and await apply_children(self.kube, key, mem, plan, self.identity):
                 plan = answered(replan(), plan, pods=False)
-            if await check_pods(self.kube, key, mem, plan, self.identity):  # a new spec's pods: dry run first
+            # A new spec's pods: dry run first.
+            if await check_pods(self.kube, key, mem, plan, self.identity, self.accepted):
                 plan = answered(replan(), plan, pods=False)
             if plan.job is not None and await apply_pods(self.kube, key, mem, plan, self.identity):
                 plan = answered(replan(), plan, pods=True)

@@ -1,7 +1,8 @@
-"""kopf wiring only: watch DDPJobs and every kind of child (pods, Services, PVCs, NetworkPolicies, PodGroups,
-server-side filtered by the job-name label) and the namespaces' worker identity, feed the controller's cache, and
-turn every event into "reconcile this job" on its queue. Handlers return None (kopf would store a return value in the
-status)."""
+"""kopf wiring only: the operator's settings, the controller's start and stop, and handlers for the rare kinds
+(Services, PVCs, NetworkPolicies, PodGroups, Workloads, server-side filtered by the job-name label, and the
+namespaces' worker identity) that feed the controller's cache and turn every event into "reconcile this job" on its
+queue. DDPJobs and pods, nearly all of the events, reach the controller through its own streams (kube/streams.py).
+Handlers return None (kopf would store a return value in the status)."""
 
 from __future__ import annotations
 
@@ -11,21 +12,20 @@ from typing import Any
 import kopf
 
 from ddpjob_operator.api import names
-from ddpjob_operator.api.spec import GROUP, PLURAL, VERSION, InvalidSpec, managed_elsewhere, parse_ddpjob
+from ddpjob_operator.kube import events
 from ddpjob_operator.kube.client import API_VERSIONS, LIST_PAGE, Kube, watch_resource
 from ddpjob_operator.kube.identity import IDENTITY_RESOURCES
 from ddpjob_operator.runtime.controller import Controller
 
 controller = Controller()
-_settings: list[kopf.OperatorSettings] = []
 
 #: Conservative client settings that keep 500 jobs x 4 pods fast without hammering the API server.
 WATCH_SERVER_TIMEOUT = 300
 REQUEST_TIMEOUT = 30
 #: Seconds an idle kopf per-object worker lingers (holding the object's last body) before it exits.
 IDLE_WORKER_SECONDS = 0.5
-#: Events posted at once (each post holds a connection, see kube.MAX_IN_FLIGHT).
-EVENT_POSTERS = 16
+#: Events that kopf posts at once (its own, of handler errors; the controller's go through kube/events.py).
+EVENT_POSTERS = events.POSTERS
 
 
 class EventHandlersOnly(kopf.AnnotationsDiffBaseStorage):
@@ -65,7 +65,6 @@ async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     # kopf posts Events with one worker per object and no limit: a burst of jobs turning Running would open a
     # connection per job.
     settings.posting.worker_limit = EVENT_POSTERS
-    _settings.append(settings)  # resource handlers get no `settings` kwarg; the API layer needs them
 
 
 @kopf.on.login()
@@ -74,25 +73,12 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
-async def ddpjob_event(
-    type: str,
-    event: kopf.RawEvent,
-    logger: kopf.Logger,
-    **kwargs: Any,
-) -> None:
-    """Any change of a DDPJob (or the initial listing): schedule a reconcile pass."""
-    if not controller.started:  # the first event (of each leadership term) starts the controller
-        controller.start(Kube(_settings[-1], logging.getLogger("ddpjob.kube")))
-    body = event["object"]  # the plain dict: every read through kopf.Body resolves a path
-    controller.job_seen(type, body)
-    if type != "DELETED" and managed_elsewhere(body) is None:  # not another controller's to judge
-        try:
-            parse_ddpjob(body)
-        except InvalidSpec as err:
-            # The pass writes Failed/InvalidSpec; PermanentError tells kopf not to retry this handler.
-            raise kopf.PermanentError(f"invalid spec: {err}") from None
-    logger.debug("event %s", type)
+@kopf.on.startup()
+async def start(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Start the controller (after configure: kopf runs startup handlers in order): its workers, the resync and
+    the streams of DDPJobs and pods (kube/streams.py) and its Event poster (kube/events.py). Inside kopf's context,
+    so that the API calls find kopf's credentials; under leader election kopf starts only once the Lease is held."""
+    controller.start(Kube(settings, logging.getLogger("ddpjob.kube")))
 
 
 def _watch(kind: str, resource: str) -> None:
@@ -104,7 +90,7 @@ def _watch(kind: str, resource: str) -> None:
 
 
 # The same kinds the resync lists (kube.API_VERSIONS), so the two can never cover different children. Pods come
-# from the controller's own stream instead (podwatch.py), with the label selector configure() sets for them.
+# from the controller's own stream instead (kube/streams.py), with the label selector configure() sets for them.
 for _kind in API_VERSIONS:
     if _kind != "Pod":
         _watch(_kind, watch_resource(_kind))

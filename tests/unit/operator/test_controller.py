@@ -9,7 +9,6 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
-import kopf
 import pytest
 from ddpjob_operator.api import reasons
 from ddpjob_operator.kube.client import Created, Rejected, StatusConflict, refusal
@@ -91,8 +90,8 @@ class FakeKube:
 @pytest.fixture
 def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     posted: list[tuple[str, str]] = []
-    monkeypatch.setattr(kopf, "info", lambda body, reason, message: posted.append((reason, message)))
-    monkeypatch.setattr(kopf, "warn", lambda body, reason, message: posted.append((reason, message)))
+    monkeypatch.setattr(ctl.Controller, "post_event",
+                        lambda self, body, type, reason, message: posted.append((reason, message)))
     return posted
 
 

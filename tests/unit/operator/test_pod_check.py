@@ -163,3 +163,94 @@ def test_no_pod_of_a_spec_is_created_before_its_dry_run_was_accepted(accepted: s
     p = plan(body, Observed(accepted_pods=keys), at(0))
     assert [o["metadata"]["name"] for o in p.check_pods] == checks
     assert [o["metadata"]["name"] for o in p.create_pods] == creates
+
+
+def test_a_namespaces_jobs_of_one_spec_share_the_accepted_dry_run(events: list[tuple[str, str]]) -> None:  # noqa: F811
+    """Issue 46: 500 jobs of one template in a namespace made 1,000 dry runs. A spec accepted for one job is
+    accepted for the namespace's other jobs of that spec whose names have the same length (their pods differ only
+    in the name's characters); a longer name, another namespace or another spec is dry-run again."""
+    import asyncio
+
+    from ddpjob_operator.runtime import controller as ctl
+
+    def job(name: str, namespace: str = "ns", image: str = "") -> dict[str, Any]:
+        body = make_job(name=name, namespace=namespace).obj()
+        if image:
+            body["spec"]["template"]["spec"]["containers"][0]["image"] = image
+        return body
+
+    async def scenario() -> dict[str, list[str]]:
+        c = ctl.Controller()
+        calls: dict[str, list[str]] = {}
+        for body in (job("job"), job("jab"), job("jobs"), job("jab", "other"), job("jib", image="other:1")):
+            kube = DryRunKube(body)
+            c.kube = kube  # type: ignore[assignment]  # a duck-typed fake of the API layer
+            c.job_seen(None, body)
+            await c.reconcile((body["metadata"]["namespace"], body["metadata"]["name"]))
+            calls[f'{body["metadata"]["namespace"]}/{body["metadata"]["name"]}'] = kube.calls
+        c.queue.close()
+        return calls
+
+    calls = asyncio.run(scenario())
+    dry_runs = {job: sum(c.startswith("dry-run") for c in cs) for job, cs in calls.items()}
+    assert dry_runs == {"ns/job": 2, "ns/jab": 0, "ns/jobs": 2, "other/jab": 2, "ns/jib": 2}, dry_runs
+    assert all(sum(c.startswith("create Pod") for c in cs) == 3 for cs in calls.values()), calls
+
+
+def test_accepted_specs_are_bounded() -> None:
+    from ddpjob_operator.runtime.pod_check import KEPT, Accepted
+
+    accepted = Accepted(groups=2)
+    for i in range(KEPT + 3):
+        accepted.add(("ns", "job"), f"spec-{i}")
+    assert accepted.of(("ns", "jab")) == {f"spec-{i}" for i in range(3, KEPT + 3)}
+    accepted.add(("a", "job"), "x")
+    accepted.add(("b", "job"), "y")
+    assert accepted.of(("ns", "job")) == frozenset(), "the least recently used group went"
+    assert accepted.of(("b", "jobb")) == frozenset() and accepted.of(("b", "bob")) == {"y"}
+
+
+def test_jobs_starting_at_once_wait_for_the_dry_run_in_flight(events: list[tuple[str, str]]) -> None:  # noqa: F811
+    """The first passes of a burst run at once (64 workers): 500 jobs still made 256 dry runs with the accepted
+    spec shared. One job of a group dry-runs the spec; the others wait for its answer. Refused, the others send
+    their own (a verdict is never shared)."""
+    import asyncio
+
+    from ddpjob_operator.runtime import controller as ctl
+
+    class SlowDryRuns(DryRunKube):
+        def __init__(self, jobs: dict[str, dict[str, Any]], refused: str = "") -> None:
+            super().__init__(jobs["job"], refused=refused)
+            self.jobs = jobs
+
+        async def create(self, obj: dict[str, Any], *, dry_run: bool = False) -> Created:
+            if dry_run:
+                await asyncio.sleep(0.05)  # the API server's round trip, while the other passes run
+            return await super().create(obj, dry_run=dry_run)
+
+        async def patch_status(self, namespace: str, name: str, status: dict[str, Any],
+                               resource_version: str = "") -> dict[str, Any]:
+            self.job = self.jobs[name]
+            return await super().patch_status(namespace, name, status)
+
+    def run(refused: str) -> list[str]:
+        jobs = {name: make_job(name=name).obj() for name in ("job", "jab", "jib", "jub")}
+        kube = SlowDryRuns(jobs, refused)
+
+        async def scenario() -> None:
+            c = ctl.Controller()
+            c.kube = kube  # type: ignore[assignment]  # a duck-typed fake of the API layer
+            for body in jobs.values():
+                c.job_seen(None, body)
+            await asyncio.gather(*(c.reconcile(("ns", name)) for name in jobs))
+            c.queue.close()
+
+        asyncio.run(scenario())
+        return kube.calls
+
+    accepted = run(refused="")
+    assert sum(c.startswith("dry-run") for c in accepted) == 2, accepted
+    assert sum(c.startswith("create Pod") for c in accepted) == 4 * 3, "every job's pods, after the one answer"
+    refused = run(refused=NO_PRIORITY)
+    assert sum(c.startswith("dry-run") for c in refused) == 4, "each job's own dry run: no pod, no shared refusal"
+    assert not any(c.startswith("create Pod") for c in refused)

@@ -29,6 +29,9 @@ class PagedKube:
         if kind == "Pod" and not metadata_only:
             self.full_pod_lists.append(label_selector)
         for obj in self.by_kind.get(kind, []):
+            label, _, value = label_selector.partition("=")
+            if value and obj["metadata"].get("labels", {}).get(label) != value:
+                continue
             self.pages_read += 1
             yield [metadata(obj) if metadata_only else obj]
 
@@ -114,3 +117,42 @@ def test_pods_the_cache_holds_at_the_listed_version_are_listed_by_their_metadata
     finally:
         resync.FULL_LIST_OVER = saved
     assert kube.full_pod_lists == ["ddpjob.io/job-name"], "three jobs over the limit: one LIST of every pod"
+
+
+def test_a_pod_the_watch_delivers_within_the_grace_is_not_listed_in_full() -> None:
+    """Issue 46: while jobs start, their pods change faster than a resync lists them, and the watch, a moment
+    behind, delivers what the LIST showed; a full LIST of every pod then cost 4 % of the operator's CPU. A periodic
+    resync gives the watch STALE_GRACE_SECONDS: pods the cache then holds at the listed version or a newer one (an
+    etcd-backed API server's versions are integers) are not fetched; a pod still behind is."""
+    jobs = [make_job(f"j{i}").obj() for i in range(3)]
+    pods = [pod_obj(j, 0) for j in jobs]
+    for pod in pods:
+        pod["metadata"]["resourceVersion"] = "10"
+    kube, cache, c = PagedKube(pods, jobs), ChildCache(), ctl.Controller()
+    for pod in pods:
+        cache.apply("Pod", "ADDED", pod)
+    newer = copy.deepcopy(pods[0])
+    newer["metadata"]["resourceVersion"] = "12"  # the cache is ahead of the LIST: nothing missed
+    cache.apply("Pod", "MODIFIED", newer)
+    listed = [copy.deepcopy(p) for p in pods]
+    listed[1]["metadata"]["resourceVersion"] = listed[2]["metadata"]["resourceVersion"] = "11"
+    listed[1]["status"]["phase"] = listed[2]["status"]["phase"] = "Running"
+    kube.by_kind["Pod"] = listed
+
+    async def scenario() -> None:
+        async def the_watch() -> None:  # j1's change arrives during the grace; j2's never does (missed)
+            await asyncio.sleep(0.01)
+            cache.apply("Pod", "MODIFIED", listed[1])
+
+        watch = asyncio.create_task(the_watch())
+        await resync.resync_once(cast(Kube, kube), cache, c, ["ns"], grace=0.1)
+        await watch
+
+    asyncio.run(scenario())
+    assert kube.full_pod_lists == ["ddpjob.io/job-name=j2"]
+    assert cache.pod(("ns", "j2"), listed[2]["metadata"]["uid"]).phase == "Running"  # type: ignore[union-attr]
+    assert cache.pod(("ns", "j0"), newer["metadata"]["uid"]).resource_version == "12"  # type: ignore[union-attr]
+    kube.full_pod_lists.clear()
+    listed[2]["metadata"]["resourceVersion"] = "13"
+    asyncio.run(resync.resync_once(cast(Kube, kube), cache, c, ["ns"]))  # the initial sync: no grace, no wait
+    assert kube.full_pod_lists == ["ddpjob.io/job-name=j2"]
