@@ -130,3 +130,29 @@ def test_no_event_from_a_replica_that_is_not_the_leader(lease: Lease, monkeypatc
     lease.held = False
     asyncio.run(kopf_compat.kopf_events.post_event(reason="Deposed", **event))
     assert posted == ["Leading"]
+
+
+def test_the_controllers_event_poster_is_fenced_too(lease: Lease, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller posts its Events itself (kube/events.py), through kopf's post_event as fenced."""
+    from ddpjob_operator.kube import events
+
+    posted: list[str] = []
+
+    async def post(**kw: Any) -> None:
+        posted.append(kw["reason"])
+
+    monkeypatch.setattr(kopf_compat.kopf_events, "post_event", post)
+    kopf_compat.fence_events(leader.may_write)
+    job = {"apiVersion": "ddpjob.io/v1alpha1", "kind": "DDPJob", "metadata": {"name": "j", "namespace": "ns"}}
+
+    async def scenario() -> None:
+        poster = events.Poster(kopf.OperatorSettings())
+        poster.post(job, "Normal", "Leading", "m")
+        await asyncio.sleep(0.05)
+        lease.held = False
+        poster.post(job, "Normal", "Deposed", "m")
+        await asyncio.sleep(0.05)
+        await poster.close()
+
+    asyncio.run(scenario())
+    assert posted == ["Leading"]

@@ -308,9 +308,9 @@ def build_static_children(job: DDPJob) -> list[Obj]:
     pvc = build_pvc(job)
     if pvc is not None:
         objs.append(pvc)
-    group = gang.build_pod_group(job, build_worker_pod(job, 0), build_rendezvous_pod(job))
-    if group is not None:  # before any pod: coscheduling denies a pod whose PodGroup it cannot find
-        objs.append(group)
+    if job.spec.scheduling.gang is not None:  # built pods only then: a worker pod was 4 % of a burst's CPU (issue 46)
+        # Before any pod: coscheduling denies a pod whose PodGroup it cannot find.
+        objs.append(gang.build_pod_group(job, build_worker_pod(job, 0), build_rendezvous_pod(job)))
     return objs
 
 

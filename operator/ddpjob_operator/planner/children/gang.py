@@ -73,12 +73,11 @@ def min_resources(worker_spec: Obj, rdzv_spec: Obj, workers: int) -> dict[str, s
     return {k: _quantity(v) for k, v in sorted(total.items()) if v > 0}
 
 
-def build_pod_group(job: DDPJob, worker_pod: Obj, rdzv_pod: Obj) -> Obj | None:
-    """The job's PodGroup, or None without spec.scheduling.gang. ``worker_pod``/``rdzv_pod``: the pods as built
-    (the builder's defaults included), so minResources is what the scheduler will really be asked for."""
+def build_pod_group(job: DDPJob, worker_pod: Obj, rdzv_pod: Obj) -> Obj:
+    """The job's PodGroup (spec.scheduling.gang is set). ``worker_pod``/``rdzv_pod``: the pods as built (the
+    builder's defaults included), so minResources is what the scheduler will really be asked for."""
     gang = job.spec.scheduling.gang
-    if gang is None:
-        return None
+    assert gang is not None, "a PodGroup only for spec.scheduling.gang"
     spec: Obj = {"minMember": min_member(job), "scheduleTimeoutSeconds": gang.schedule_timeout_seconds}
     resources = min_resources(worker_pod["spec"], rdzv_pod["spec"], job.spec.min_replicas)
     if resources:
