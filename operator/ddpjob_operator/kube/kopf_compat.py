@@ -1,6 +1,7 @@
 """kopf's private modules, named here and nowhere else: the operator reuses kopf's authenticated API client and its
-error types (kube/client.py, runtime/resync.py) and its watch stream (streams.py), which kopf keeps under
-``kopf._cogs`` and may change in any release; and it fences kopf's Event poster (:func:`fence_events`). pyproject
+error types (kube/client.py, runtime/resync.py), its watch stream (streams.py) and its Event post (events.py),
+which kopf keeps under ``kopf._cogs`` and may change in any release; and it fences every Event post
+(:func:`fence_events`). pyproject
 pins kopf to the minor these were read in and tested with (``kopf>=1.45,<1.46``); moving that pin means checking
 each name below against the new kopf, and the tests that use them."""
 
@@ -24,10 +25,10 @@ _may_post: Callable[[], bool] = lambda: True  # noqa: E731
 
 
 def fence_events(may_write: Callable[[], bool]) -> None:
-    """Post kopf's Events (the controller's ``kopf.info``/``kopf.warn``, and kopf's own log lines at the posting
-    level) only while ``may_write()``. kopf's poster sends them from a queue of its own, after they were made and
-    past kube/client.py's fence: it is asked as each Event goes out (kopf._core.engines.posting calls
-    ``events.post_event`` through the module). Without kopf's retries: a retry came seconds later, when another
+    """Post Events (the controller's, through events.Poster, and kopf's own log lines at the posting level) only
+    while ``may_write()``. Both posters send them after they were made and past kube/client.py's fence: it is asked
+    as each Event goes out (kopf._core.engines.posting and events.Poster call ``events.post_event`` through the
+    module). Without kopf's retries: a retry came seconds later, when another
     replica may lead; an Event lost to a transient error is the lesser harm."""
     global _may_post
     _may_post = may_write
