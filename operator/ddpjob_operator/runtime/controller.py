@@ -49,6 +49,7 @@ WORKERS = 64
 
 
 _rv = status_write.resource_version
+_older = status_write.older
 
 
 def _answered(observed: planner.Observed, mem: JobMemory, rejection: Rejection | None = None) -> planner.Observed:
@@ -57,14 +58,6 @@ def _answered(observed: planner.Observed, mem: JobMemory, rejection: Rejection |
     return dataclasses.replace(observed, problems=dict(mem.problems), rejected=rejection,
                                refused_pods=dict(mem.pods_refused),
                                accepted_pods=frozenset(mem.pods_accepted) | (observed.accepted_pods or frozenset()))
-
-
-def _older(rv: str, than: str) -> bool:
-    """Whether a body at ``rv`` is older than one at ``than``. resourceVersions are opaque (API conventions); an
-    etcd-backed API server's are integers that grow, and only then can a late watch event be told from a newer
-    one. Waiting for the watch to echo our own write is no rule instead: kopf skips events that a newer one
-    follows closely. Any other API server gets arrival order: the newest body to arrive is the newest."""
-    return rv.isdigit() and than.isdigit() and int(rv) < int(than)
 
 
 def _kept(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ class JobMemory:
 
     body: dict[str, Any]
     resource_version: str = ""
-    """The body's resourceVersion (controller._older says when one is older)."""
+    """The body's resourceVersion (status_write.older says when one is older)."""
     touched: int = 0
     """The controller's event count when a watch event or our own write last changed ``body``."""
     restarts_floor: int = 0

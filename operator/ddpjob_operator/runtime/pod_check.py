@@ -42,26 +42,26 @@ class Accepted:
 
     def in_flight(self, key: tuple[str, str], spec: str) -> asyncio.Future[bool] | None:
         """The answer (accepted or not) of a dry run of ``spec`` in flight for a job like ``key``, if any."""
-        return self._in_flight.get((key[0], len(key[1]), spec))
+        return self._in_flight.get((*_group(key), spec))
 
     def begin(self, key: tuple[str, str], spec: str) -> asyncio.Future[bool]:
         """A dry run of ``spec`` for the job ``key`` starts: jobs like it wait for the answer it resolves."""
         answer: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._in_flight[(key[0], len(key[1]), spec)] = answer
+        self._in_flight[(*_group(key), spec)] = answer
         return answer
 
     def end(self, key: tuple[str, str], spec: str, answer: asyncio.Future[bool], accepted: bool) -> None:
         """The dry run begun with ``answer`` ended: accepted or not (refused, invalid, failed)."""
         if accepted:
             self.add(key, spec)
-        if self._in_flight.get((key[0], len(key[1]), spec)) is answer:
-            del self._in_flight[(key[0], len(key[1]), spec)]
+        if self._in_flight.get((*_group(key), spec)) is answer:
+            del self._in_flight[(*_group(key), spec)]
         if not answer.done():
             answer.set_result(accepted)
 
     def add(self, key: tuple[str, str], spec: str) -> None:
         """``spec`` was accepted for the job ``key`` (namespace, name)."""
-        group = (key[0], len(key[1]))
+        group = _group(key)
         specs = self._groups.setdefault(group, OrderedDict())
         self._groups.move_to_end(group)
         specs[spec] = None
@@ -73,7 +73,12 @@ class Accepted:
 
     def of(self, key: tuple[str, str]) -> frozenset[str]:
         """The specs accepted for a job like ``key`` (its namespace, its name's length)."""
-        return frozenset(self._groups.get((key[0], len(key[1]))) or ())
+        return frozenset(self._groups.get(_group(key)) or ())
+
+
+def _group(key: tuple[str, str]) -> tuple[str, int]:
+    """The jobs whose pods a dry run speaks for: the job's namespace and the length of its name."""
+    return key[0], len(key[1])
 
 
 def _keep(mem: JobMemory, key: str, verdict: pod_verdicts.Verdict | None) -> None:

@@ -15,6 +15,7 @@ from ddpjob_operator.api.spec import API_VERSION, KIND
 from ddpjob_operator.kube.client import API_VERSIONS, OPTIONAL_KINDS, Kube
 from ddpjob_operator.kube.kopf_compat import kopf_errors
 from ddpjob_operator.runtime.cache import ChildCache, Key, Listed, job_key, listed
+from ddpjob_operator.runtime.status_write import older
 
 log = logging.getLogger("ddpjob.resync")
 
@@ -61,9 +62,9 @@ async def _list_children(kube: Kube, kind: str, ns: str | None, label_selector: 
 
 
 def _caught_up(held: str, listed: str) -> bool:
-    """Whether the cache's pod at resourceVersion ``held`` is the listed one or newer. Versions are opaque (API
-    conventions): ordered only when both are integers, as an etcd-backed API server's are (controller._older)."""
-    return held == listed or (held.isdigit() and listed.isdigit() and int(held) > int(listed))
+    """Whether the cache's pod at resourceVersion ``held`` is the listed one or newer (status_write.older: versions
+    are ordered only when both are integers, as an etcd-backed API server's are)."""
+    return held == listed or older(listed, held)
 
 
 def _stale_jobs(cache: ChildCache, listed: dict[Key, list[tuple[str, str]]], views: dict[str, Listed]) -> set[Key]:
@@ -110,10 +111,9 @@ async def resync_once(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: 
                       ) -> int:
     """One full resync; returns the number of jobs whose children changed. ``grace``: seconds the watch gets to
     deliver pods that changed while they were listed (_list_pods; none in the initial sync, where the cache is
-    empty). With watched namespaces, each one's
-    LIST corrects only that namespace, from the mark taken right before it (cache.py: an object a watch delivered
-    after the mark is newer than the LIST): one cut-off for all namespaces took an object created in one namespace
-    after its LIST, but before another namespace's, for deleted."""
+    empty). With watched namespaces, each one's LIST corrects only that namespace, from the mark taken right before
+    it (cache.py: an object a watch delivered after the mark is newer than the LIST): one cut-off for all namespaces
+    took an object created in one namespace after its LIST, but before another namespace's, for deleted."""
     scopes: list[str | None] = list(namespaces) if namespaces else [None]
     changed: set[Key] = set()
     for kind in API_VERSIONS:

@@ -44,6 +44,14 @@ def resource_version(body: Mapping[str, Any]) -> str:
     return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
 
+def older(rv: str, than: str) -> bool:
+    """Whether an object at resourceVersion ``rv`` is older than one at ``than``. resourceVersions are opaque (API
+    conventions); an etcd-backed API server's are integers that grow, and only then can a late watch event be told
+    from a newer one. Waiting for the watch to echo our own write is no rule instead: kopf skips events that a newer
+    one follows closely. Any other API server gets arrival order: the newest object to arrive is the newest."""
+    return rv.isdigit() and than.isdigit() and int(rv) < int(than)
+
+
 async def write(kube: Kube, key: tuple[str, str], planned_from: str, plan: Plan,
                 replan: Callable[[Obj], Plan]) -> Written:
     """Write ``plan``'s patch if the job is still at resourceVersion ``planned_from``; on a refusal plan again
