@@ -128,9 +128,27 @@ def _keep_evidence(cluster: Cluster, label: str, ns: str) -> None:
         (out / "job.txt").write_text(t.describe_job(cluster, ns, JOB))
         events = cluster.kubectl("get", "events", "-n", ns, "--sort-by=.lastTimestamp", check=False).stdout
         (out / "events.txt").write_text(events)
-        t.log(f"{label}: failed; worker logs, the job and the events kept in {out}")
+        for name, text in _operator_logs(cluster, ns).items():
+            (out / name).write_text(text)
+        t.log(f"{label}: failed; worker and operator logs, the job and the events kept in {out}")
     except Exception as exc:  # the run's own failure is what matters
         t.log(f"{label}: failed; could not keep its logs: {exc!r}")
+
+
+def _operator_logs(cluster: Cluster, ns: str) -> dict[str, str]:
+    """Each operator replica's log (and its previous container's, after a kill -9), cut to this run's job and the
+    lines about no job (leadership, syncs, streams): the other lanes' jobs share the operator."""
+    out: dict[str, str] = {}
+    pods = cluster.kubectl("get", "pods", "-n", t.OPERATOR_NS, "-l", "app.kubernetes.io/component=operator",
+                           "-o", "jsonpath={.items[*].metadata.name}", check=False).stdout.split()
+    for pod in pods:
+        for previous in (False, True):
+            proc = cluster.kubectl("logs", pod, "-n", t.OPERATOR_NS, "--timestamps",
+                                   *(["--previous"] if previous else []), check=False)
+            lines = [line for line in proc.stdout.splitlines() if f"job={ns}/" in line or "job=" not in line]
+            if proc.returncode == 0 and lines:
+                out[f"operator-{pod}{'-previous' if previous else ''}.log"] = "\n".join(lines) + "\n"
+    return out
 
 
 def assert_same_model(run: Run, reference: Run) -> None:

@@ -168,27 +168,32 @@ def test_restricted_namespace_runs_a_compliant_job_and_explains_a_refused_one(
         jobs.conditions("secure")["CreateRefused"]["status"] == "False"
 
 
+@pytest.mark.parametrize(("lost", "kind", "cause"), [("down-worker-1", "worker", "PodDeleted"),
+                                                    ("down-rdzv", "rendezvous", "RendezvousLost")])
 def test_a_pod_lost_while_the_operator_is_down_is_counted_once_and_nothing_is_recreated_twice(
-    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs
+    cluster: Cluster, namespace: str, operator: OperatorProcess, jobs: Jobs, lost: str, kind: str, cause: str
 ) -> None:
     jobs.apply(small_job("down", 2))
-    old = {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.running("down", 2)}
+    jobs.running("down", 2)
+    wait_for(lambda: jobs.live_pods("down", kind=kind), timeout=30, describe=f"{lost} created")
+    old = {p["metadata"]["name"]: p["metadata"]["uid"] for p in jobs.live_pods("down", kind=kind)}
     jobs.wait_condition("down", "Running")
     operator.kill()
-    cluster.kubectl("delete", "pod", "down-worker-1", "-n", namespace, "--grace-period=0", "--force")
+    cluster.kubectl("delete", "pod", lost, "-n", namespace, "--grace-period=0", "--force")
     operator.start()
 
     def replaced() -> bool:
-        return any(p["metadata"]["name"] == "down-worker-1" and p["metadata"]["uid"] != old["down-worker-1"]
-                   for p in jobs.live_pods("down"))
+        return any(p["metadata"]["name"] == lost and p["metadata"]["uid"] != old[lost]
+                   for p in jobs.live_pods("down", kind=kind))
 
-    wait_for(replaced, timeout=60, describe="down-worker-1 replaced", state=lambda: jobs.describe("down"))
+    wait_for(replaced, timeout=60, describe=f"{lost} replaced", state=lambda: jobs.describe("down"))
     wait_for(lambda: jobs.get("down")["status"].get("incidentCount") == 1, timeout=30, describe="one incident",
              state=lambda: jobs.describe("down"))
     time.sleep(3)  # a later pass must not count it again
     status = jobs.get("down")["status"]
-    assert status["incidentCount"] == 1 and "no operator was watching" in status["incidents"][0]["message"], status
-    assert status["incidents"][0]["pods"] == ["down-worker-1"], "only the pod that really went missing"
+    incident = status["incidents"][0]
+    assert status["incidentCount"] == 1 and "no operator was watching" in incident["message"], status
+    assert incident["pods"] == [lost] and incident["cause"] == cause, "only the pod that really went missing"
     reasons = [e["reason"] for e in jobs.events("down")]
     assert "ChildRecreated" not in reasons, f"a restarted operator saw children missing that exist: {reasons}"
 

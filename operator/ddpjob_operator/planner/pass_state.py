@@ -13,7 +13,7 @@ from ddpjob_operator.api.spec import DDPJob
 from ddpjob_operator.planner import status as st
 from ddpjob_operator.planner.kueue import workload as kueue
 from ddpjob_operator.planner.observation import PodView
-from ddpjob_operator.planner.policies import report_cadence
+from ddpjob_operator.planner.policies import report_cadence, unwatched
 from ddpjob_operator.planner.types import Observed
 
 Obj = dict[str, Any]
@@ -59,7 +59,7 @@ def begin(job: DDPJob, old: Mapping[str, Any], obs: Observed, now: datetime, gen
     ours = [p for p in obs.pods if p.owner_uid == job.uid]
     workers = [p for p in ours if p.replica_type == names.TYPE_WORKER]
     seen = {p.uid for p in ours}
-    counted = [u for u in old.get("countedFailures") or [] if u in seen]
+    counted = [u for u in old.get("countedFailures") or [] if u in seen or unwatched.still_missing(u, job, ours)]
     count = max([int(old.get("incidentCount") or 0), obs.incidents_floor, *(p.incident_generation for p in ours)])
     restarts = max([int(old.get("restarts") or 0), obs.restarts_floor, *(p.generation for p in workers)])
     return Pass(

@@ -47,6 +47,7 @@ from ddpjob_operator.planner.policies import (
     suspend,
     ttl,
     unreadable,
+    unwatched,
 )
 from ddpjob_operator.planner.policies.pods import DeletePod, Replacement
 from ddpjob_operator.planner.types import Observed, Plan
@@ -179,6 +180,7 @@ def _running(result: Plan, ps: Pass, finishing: bool) -> Plan:
     conflicts = list(kids.conflicts)
     hold = blocked.decide(ps.obs.problems)
     pod_plan = _plan_pods(ps, persisted, create=not finishing and not conflicts, quiet=quiet)
+    pod_plan.create = unwatched.hold(pod_plan.create, (loss for loss, _ in decision.new_losses))
     if hold.held:  # a name taken (its create is tried again) or a PodGroup or Workload missing
         pod_plan.create = [p for p in pod_plan.create if p["metadata"]["name"] in hold.retry]
     conflicts += [c for c in (*hold.conflicts, *pod_plan.conflicts) if c not in conflicts]
@@ -243,7 +245,7 @@ def _losses(ps: Pass, reported: Mapping[str, silent.Report]) -> list[failure.Los
     out += [loss for p in ps.rdzv if p.uid not in ps.obs.deleted
             if (loss := failure.rendezvous_loss(p, node_ready, now)) is not None]
     if ps.obs.first_pass and ps.old.get("state") in (st.RUNNING, st.RESTARTING):
-        out += failure.vanished(ps.job, ps.workers, ps.rdzv, int(ps.old.get("replicas") or 0), ps.count, now)
+        out += unwatched.losses(ps.job, ps.workers, ps.rdzv, int(ps.old.get("replicas") or 0), now)
     return out
 
 

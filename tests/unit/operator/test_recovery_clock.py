@@ -284,6 +284,7 @@ def test_the_operators_first_pass_flags_a_vanished_worker_and_closes_its_inciden
     c.apply(plan(c.jobobj, dataclasses.replace(c.observed(), first_pass=True), at(10)))  # a new operator's first
     inc = c.status["incidents"][-1]
     assert (inc["cause"], inc["outcome"], inc.get("lostUnwatched")) == ("PodDeleted", "Recovering", True)
+    c.step(at(10))  # the pass after the count creates the pod again
     c.run_all(started=at(11))
     c.jobobj["status"]["progress"] = {**start(8, 8.5, 9), "lastStepTime": ms(9)}  # formed before it was found
     c.step(at(12))

@@ -16,7 +16,6 @@ from datetime import datetime
 from ddpjob_worker import contract
 from ddpjob_worker.causes import condense
 
-from ddpjob_operator.api import names
 from ddpjob_operator.api.reasons import (
     EVICTED,
     NODE_LOST,
@@ -27,7 +26,7 @@ from ddpjob_operator.api.reasons import (
     STALLED,
     WORKER_FAILED,
 )
-from ddpjob_operator.api.spec import DDPJob, RunPolicy
+from ddpjob_operator.api.spec import RunPolicy
 from ddpjob_operator.planner.observation import PodView
 from ddpjob_operator.planner.policies.restart import ExitAction, restart_policy_for_exit_code
 
@@ -177,23 +176,6 @@ def rendezvous_loss(pod: PodView, node_ready: Mapping[str, bool], now: datetime)
         base = _deleted_loss(pod, node_ready, now)
         return dataclasses.replace(base, cause=RENDEZVOUS_LOST, detail=f"rendezvous pod {base.detail}")
     return None
-
-
-def vanished(job: DDPJob, workers: Sequence[PodView], rendezvous: Sequence[PodView], had: int, count: int,
-             now: datetime) -> list[Loss]:
-    """Pods of a running job that are not there at all on the operator's first pass after a (re)start: lost while
-    no operator watched (deleted, or their node removed). ``had`` is status.replicas as last written (spares
-    not counted): indices above it plus the spares were never running (a scale-up), so only those below count.
-    The UIDs are synthetic but stable for the pass (``count`` is the persisted incident count), so a pass
-    repeated after a crash counts them once."""
-    seen = {p.index for p in workers if p.index is not None}
-    out = [Loss(names.worker_pod_name(job.name, i), f"vanished-{job.uid}-{i}-{count}", i, POD_DELETED, now,
-                "gone while no operator was watching (deleted, or its node removed)", unwatched=True)
-           for i in range(min(job.spec.pod_count, had + job.spec.spares)) if i not in seen]
-    if not rendezvous:
-        out.append(Loss(names.rendezvous_pod_name(job.name), f"vanished-{job.uid}-rdzv-{count}", None,
-                        RENDEZVOUS_LOST, now, "rendezvous pod gone while no operator was watching"))
-    return out
 
 
 def pick_cause(causes: Sequence[str]) -> str:
