@@ -159,10 +159,12 @@ class Controller:
         rv = _rv(body)
         if listed_after is None:
             self._events += 1
+        periodic = False
         if mem is None or mem.body["metadata"].get("uid") != meta.get("uid"):
             self.jobs[key] = JobMemory(body=_kept(body), resource_version=rv, touched=self._events)
         elif listed_after is not None:
             # A LIST item: newer than all that arrived before the LIST was sent, not than what arrived since.
+            periodic = rv == mem.resource_version  # nothing the watch missed: the period's pass, after the others
             if mem.touched <= listed_after and not _older(rv, mem.resource_version):
                 mem.take(_kept(body), rv, self._events)
         elif rv == mem.resource_version and event_type == "MODIFIED":
@@ -176,7 +178,7 @@ class Controller:
                 metrics.observe_checkpoints((body.get("status") or {}).get("progress") or {}, mem.checkpoints_seen)
                 metrics.ROUTINE_PROGRESS.inc()
                 return
-        self.queue.add(key)
+        self.queue.add(key, periodic=periodic)
 
     def _managed_elsewhere(self, key: Key, body: Mapping[str, Any]) -> bool:
         """Whether another controller runs this job (spec.managedBy, immutable): then nothing of it is planned,

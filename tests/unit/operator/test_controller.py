@@ -531,3 +531,29 @@ def test_a_routine_progress_report_of_a_quiet_running_job_plans_no_pass() -> Non
         return routine, len(c.queue), c.jobs[("ns", "job")].resource_version
 
     assert asyncio.run(scenario()) == (0, 1, "3")
+
+
+def test_a_resyncs_passes_wait_behind_one_a_watch_event_asks_for() -> None:
+    """The resync lists every job and passes each one; a job whose watch event comes meanwhile is passed first (a pod
+    deleted right after a resync was replaced 0.44-0.80 s later at 1,000 running jobs, behind 1,000 passes)."""
+    c = ctl.Controller()
+    jobs = [make_job(name=n).obj() for n in ("a", "b", "c")]
+    for job in jobs:
+        job["metadata"]["resourceVersion"] = "5"
+        c.job_seen("ADDED", job)
+
+    async def scenario() -> list[tuple[str, str]]:
+        for key in [await c.queue.get() for _ in jobs]:
+            c.queue.done(key)
+        mark = c.mark()
+        missed = copy.deepcopy(jobs[2])
+        missed["metadata"]["resourceVersion"] = "6"  # the watch missed it: as urgent as an event
+        for job in (jobs[0], jobs[1], missed):
+            c.job_seen(None, job, listed_after=mark)
+        changed = copy.deepcopy(jobs[1])
+        changed["metadata"]["resourceVersion"] = "7"
+        changed["spec"]["replicas"] = 3
+        c.job_seen("MODIFIED", changed)
+        return [await c.queue.get() for _ in jobs]
+
+    assert asyncio.run(scenario()) == [("ns", "c"), ("ns", "b"), ("ns", "a")]
