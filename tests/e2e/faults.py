@@ -106,15 +106,9 @@ def delete_service_then(pod: str) -> Callable[[Cluster, str], None]:
     return inject
 
 
-def operator_pods(cluster: Cluster) -> list[str]:
-    out = cluster.kubectl("get", "pods", "-n", t.OPERATOR_NS, "-l", "app.kubernetes.io/component=operator",
-                          "-o", "jsonpath={.items[*].metadata.name}").stdout
-    return out.split()
-
-
 def delete_operator(cluster: Cluster, ns: str) -> None:
     """The operator's pod is deleted; its Deployment starts a new one, which must pick the job up where it was."""
-    for pod in operator_pods(cluster):
+    for pod in t.operator_pods(cluster):
         cluster.kubectl("delete", "pod", pod, "-n", t.OPERATOR_NS, "--wait=false")
 
 
@@ -125,7 +119,7 @@ def lose_worker_while_operator_down(pod: str) -> Callable[[Cluster, str], None]:
         deploy = f"deployment/{t.RELEASE}"
         replicas = cluster.kubectl("get", deploy, "-n", t.OPERATOR_NS, "-o", "jsonpath={.spec.replicas}").stdout
         cluster.kubectl("scale", deploy, "-n", t.OPERATOR_NS, "--replicas=0")
-        wait_for(lambda: not operator_pods(cluster), timeout=90, describe="no operator pod")
+        wait_for(lambda: not t.operator_pods(cluster), timeout=90, describe="no operator pod")
         cluster.kubectl("delete", "pod", f"{JOB}-{pod}", "-n", ns, "--wait=true", "--timeout=120s")
         cluster.kubectl("scale", deploy, "-n", t.OPERATOR_NS, f"--replicas={replicas or 1}")
         cluster.kubectl("rollout", "status", deploy, "-n", t.OPERATOR_NS, "--timeout=120s")
@@ -150,7 +144,7 @@ def holder_pod(holder: str) -> str:
 def operator_nodes(cluster: Cluster) -> dict[str, str]:
     """Each operator replica's pod and the node it runs on."""
     return {pod: cluster.kubectl("get", "pod", pod, "-n", t.OPERATOR_NS, "-o", "jsonpath={.spec.nodeName}").stdout
-            for pod in operator_pods(cluster)}
+            for pod in t.operator_pods(cluster)}
 
 
 def kill9_operator(pod: str) -> int:

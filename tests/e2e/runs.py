@@ -139,9 +139,7 @@ def _operator_logs(cluster: Cluster, ns: str) -> dict[str, str]:
     """Each operator replica's log (and its previous container's, after a kill -9), cut to this run's job and the
     lines about no job (leadership, syncs, streams): the other lanes' jobs share the operator."""
     out: dict[str, str] = {}
-    pods = cluster.kubectl("get", "pods", "-n", t.OPERATOR_NS, "-l", "app.kubernetes.io/component=operator",
-                           "-o", "jsonpath={.items[*].metadata.name}", check=False).stdout.split()
-    for pod in pods:
+    for pod in t.operator_pods(cluster):
         for previous in (False, True):
             proc = cluster.kubectl("logs", pod, "-n", t.OPERATOR_NS, "--timestamps",
                                    *(["--previous"] if previous else []), check=False)

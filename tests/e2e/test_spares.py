@@ -28,7 +28,7 @@ print(urllib.request.urlopen("http://127.0.0.1:8080/metrics", timeout=10).read()
 
 def operator_metrics(env: Env) -> str:
     """The leading operator's /metrics, read inside its pod (no port-forward needed; a standby counts nothing)."""
-    pod = faults.holder_pod(faults.leader(env.cluster)) or faults.operator_pods(env.cluster)[0]
+    pod = faults.holder_pod(faults.leader(env.cluster)) or t.operator_pods(env.cluster)[0]
     return env.cluster.kubectl("exec", "-n", t.OPERATOR_NS, pod, "--", "python", "-c", METRICS_SCRIPT).stdout
 
 

@@ -84,7 +84,7 @@ def _upgrade_scenario(old_runtime: str, newest: str) -> Any:
 
         # The new operator leads (the Lease is held by one of its pods), and training went on past a checkpoint
         # written since the upgrade; then its first recovery, in a job whose pods run the old runtime.
-        now = set(faults.operator_pods(cluster))
+        now = set(t.operator_pods(cluster))
         wait_for(lambda: faults.holder_pod(faults.leader(cluster)) in now, timeout=120,
                  describe=f"the Lease held by one of {sorted(now)}", state=lambda: faults.leader(cluster))
         faults.wait_quiet(cluster, ns, after_checkpoint=int(

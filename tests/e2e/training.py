@@ -261,6 +261,13 @@ def job_status(cluster: Cluster, ns: str, name: str) -> dict[str, Any]:
     return status
 
 
+def operator_pods(cluster: Cluster) -> list[str]:
+    """The operator replicas' pods."""
+    out = cluster.kubectl("get", "pods", "-n", OPERATOR_NS, "-l", "app.kubernetes.io/component=operator",
+                          "-o", "jsonpath={.items[*].metadata.name}").stdout
+    return out.split()
+
+
 def describe_job(cluster: Cluster, ns: str, name: str) -> str:
     pods = cluster.kubectl("get", "pods", "-n", ns, "-o", "wide", check=False).stdout
     status = json.dumps(job_status(cluster, ns, name), indent=1)[-2500:]
