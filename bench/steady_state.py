@@ -144,14 +144,14 @@ def replace_once(core: Any, ns: str, job: str, index: int = 1) -> float:
 
 
 def running(custom: Any, ns: str, n: int) -> None:
-    """Wait for ``n`` Running jobs, listing them every 3 s (a LIST of 1,000 jobs is ~5 MB)."""
-    scale.wait_until(lambda: scale.count_running_jobs(custom, ns) >= n, 3600, f"{n} jobs Running", poll=3)
+    """Wait for ``n`` Running jobs, listing them every 3 s per 1,000 (a LIST of 1,000 jobs is ~5 MB)."""
+    scale.wait_until(lambda: scale.count_running_jobs(custom, ns) >= n, 3600, f"{n} jobs Running",
+                     poll=3 * max(1, n // 1000))
 
 
 def job_stats(custom: Any, ns: str) -> dict[str, Any]:
     """The DDPJob objects' sizes (bytes of JSON, as stored) and their incidents."""
-    raw = custom.list_namespaced_custom_object("ddpjob.io", "v1alpha1", ns, "ddpjobs", _preload_content=False)
-    items = json.loads(raw.data)["items"]
+    items = scale.list_jobs(custom, ns)
     sizes = sorted(len(json.dumps(i, separators=(",", ":"))) for i in items)
     reasons: dict[str, int] = {}
     for item in items:
