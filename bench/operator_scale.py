@@ -153,10 +153,13 @@ def wait_until(check: Any, timeout: float, what: str, poll: float = 0.25) -> flo
 
 
 def submit_jobs(custom: Any, ns: str, jobs: list[str], workers: int) -> None:
-    """Create a small_job of ``workers`` per name, 16 at a time (as users submitting at once)."""
+    """Create a small_job of ``workers`` per name, 16 at a time (as users submitting at once). Start-up is never
+    judged: kwok runs no trainer, and 5,000 jobs x 8 took over 30 min (the default startupDeadlineSeconds) to be
+    Running here, so the first jobs were stalled and restarted while the last ones started."""
+    policy = {"runPolicy": {"startupDeadlineSeconds": 0}}
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda name: custom.create_namespaced_custom_object(
-            "ddpjob.io", "v1alpha1", ns, "ddpjobs", small_job(name, workers)), jobs))
+            "ddpjob.io", "v1alpha1", ns, "ddpjobs", small_job(name, workers, **policy)), jobs))
 
 
 def audit_count(audit_log: Path, namespace: str, since: float, until: float,
