@@ -35,7 +35,7 @@ from ddpjob_operator.runtime import kueue_sync, resync, status_write
 from ddpjob_operator.runtime.apply import answered, apply_children, apply_pods
 from ddpjob_operator.runtime.cache import ChildCache, Key
 from ddpjob_operator.runtime.isolation import IsolationCheck
-from ddpjob_operator.runtime.memory import JobMemory, backoff
+from ddpjob_operator.runtime.memory import JobMemory, backoff, kept
 from ddpjob_operator.runtime.pod_check import Accepted, check_pods
 from ddpjob_operator.runtime.workqueue import WorkQueue
 
@@ -58,16 +58,6 @@ def _answered(observed: planner.Observed, mem: JobMemory, rejection: Rejection |
     return dataclasses.replace(observed, problems=dict(mem.problems), rejected=rejection,
                                refused_pods=dict(mem.pods_refused),
                                accepted_pods=frozenset(mem.pods_accepted) | (observed.accepted_pods or frozenset()))
-
-
-def _kept(body: Mapping[str, Any]) -> dict[str, Any]:
-    """The DDPJob body as kept between passes: without metadata.managedFields, the API server's field-ownership
-    bookkeeping that nothing here reads and that outweighs the spec (one entry per writer: the submitter, every
-    status write, the progress reporter)."""
-    meta = body.get("metadata") or {}
-    if "managedFields" not in meta:
-        return dict(body)
-    return {**body, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}
 
 
 class Controller:
@@ -161,19 +151,19 @@ class Controller:
             self._events += 1
         periodic = False
         if mem is None or mem.body["metadata"].get("uid") != meta.get("uid"):
-            self.jobs[key] = JobMemory(body=_kept(body), resource_version=rv, touched=self._events)
+            self.jobs[key] = JobMemory(body=kept(body), resource_version=rv, touched=self._events)
         elif listed_after is not None:
             # A LIST item: newer than all that arrived before the LIST was sent, not than what arrived since.
             periodic = rv == mem.resource_version  # nothing the watch missed: the period's pass, after the others
             if mem.touched <= listed_after and not _older(rv, mem.resource_version):
-                mem.take(_kept(body), rv, self._events)
+                mem.take(kept(body), rv, self._events)
         elif rv == mem.resource_version and event_type == "MODIFIED":
             # The echo of our own status write, whose answer the pass already kept: nothing new to plan (every
             # change of a child enqueues its own pass). A listing or the resync always plans.
             return
         elif not _older(rv, mem.resource_version):
             routine = mem.passes > 0 and event_type == "MODIFIED" and not routine_progress.needs_pass(mem.body, body)
-            mem.take(_kept(body), rv, self._events)
+            mem.take(kept(body), rv, self._events)
             if routine:  # rank 0's routine report: the stall check's timer reads it when due (issue 46)
                 metrics.observe_checkpoints((body.get("status") or {}).get("progress") or {}, mem.checkpoints_seen)
                 metrics.ROUTINE_PROGRESS.inc()
@@ -292,7 +282,7 @@ class Controller:
             plan, fresh = written.plan, written.body
             if fresh and not _older(_rv(fresh), mem.resource_version):
                 self._events += 1
-                mem.take(_kept(fresh), _rv(fresh), self._events)
+                mem.take(kept(fresh), _rv(fresh), self._events)
             if written.conflict or written.replanned:  # the next pass carries out what the newer body changed
                 self.queue.add(key)
             if written.conflict:  # nothing of the refused plans is said or counted

@@ -6,9 +6,10 @@ so anything a level-based pass would fix is fixed within one period at the lates
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from ddpjob_operator.api.names import LABEL_JOB_NAME
 from ddpjob_operator.api.spec import API_VERSION, KIND
@@ -24,6 +25,9 @@ DEFAULT_RESYNC_SECONDS = 60.0
 #: Seconds a periodic resync waits for the watch to deliver pods the cache does not hold as listed, before it lists
 #: their jobs' full pods.
 STALE_GRACE_SECONDS = 2.0
+#: The status of a LIST continued past the API server's compaction.
+EXPIRED = 410
+T = TypeVar("T")
 #: More jobs than this with pods the cache does not hold as listed: one full LIST of pods instead of one per job.
 FULL_LIST_OVER = 20
 
@@ -118,27 +122,50 @@ async def resync_once(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: 
     changed: set[Key] = set()
     for kind in API_VERSIONS:
         for ns in scopes:
-            mark = cache.mark()
             try:
-                views = await (_list_pods(kube, cache, ns, grace) if kind == "Pod" else _list_children(kube, kind, ns))
+                changed |= await _again_if_expired(functools.partial(_resync_kind, kube, cache, kind, ns, grace))
             except (kopf_errors.APINotFoundError, kopf_errors.APIForbiddenError) as err:
                 if kind not in OPTIONAL_KINDS:
                     raise
                 _skip_once(kind, err)
                 break
-            changed |= cache.resync(kind, views, mark, None if ns is None else [ns])
     for ns in scopes:
-        jobs: set[Key] = set()
-        mark = sink.mark()
-        async for page in kube.pages(API_VERSION, KIND, ns, ""):
-            for body in page:  # learn missed jobs and pass every job, one page of bodies at a time
-                meta = body.get("metadata") or {}
-                jobs.add((str(meta.get("namespace") or ""), str(meta.get("name") or "")))
-                sink.job_seen("RESYNC", body, listed_after=mark)
-        sink.forget_unlisted(jobs, mark, None if ns is None else [ns])
+        await _again_if_expired(functools.partial(_resync_jobs, kube, sink, ns))
     sink.resynced()
     sink.enqueue(changed)
     return len(changed)
+
+
+async def _again_if_expired(step: Callable[[], Awaitable[T]]) -> T:
+    """``step`` (a LIST and what follows from it), once more from the start if its LIST was continued past the API
+    server's compaction (410: "The provided continue parameter is too old"; its pages must come from one snapshot).
+    45,000 pods listed while they started outlived it here; the resync then waited a whole period."""
+    try:
+        return await step()
+    except kopf_errors.APIClientError as err:
+        if err.status != EXPIRED:
+            raise
+        log.info("resync: a LIST outlived the API server's compaction (410); listing it again")
+        return await step()
+
+
+async def _resync_kind(kube: Kube, cache: ChildCache, kind: str, ns: str | None, grace: float) -> set[Key]:
+    """Correct the cache's ``kind`` in ``ns`` with a LIST; the jobs whose children changed."""
+    mark = cache.mark()
+    views = await (_list_pods(kube, cache, ns, grace) if kind == "Pod" else _list_children(kube, kind, ns))
+    return cache.resync(kind, views, mark, None if ns is None else [ns])
+
+
+async def _resync_jobs(kube: Kube, sink: JobSink, ns: str | None) -> None:
+    """Learn missed jobs and pass every job of ``ns``, one page of bodies at a time; forget those not listed."""
+    jobs: set[Key] = set()
+    mark = sink.mark()
+    async for page in kube.pages(API_VERSION, KIND, ns, ""):
+        for body in page:
+            meta = body.get("metadata") or {}
+            jobs.add((str(meta.get("namespace") or ""), str(meta.get("name") or "")))
+            sink.job_seen("RESYNC", body, listed_after=mark)
+    sink.forget_unlisted(jobs, mark, None if ns is None else [ns])
 
 
 async def sync_then_resync(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: list[str], period: float,

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from ddpjob_operator.api.spec import KIND
 from ddpjob_operator.kube.client import Kube
+from ddpjob_operator.kube.kopf_compat import kopf_errors
 from ddpjob_operator.runtime import controller as ctl
 from ddpjob_operator.runtime import resync
 from ddpjob_operator.runtime.cache import ChildCache
@@ -156,3 +157,48 @@ def test_a_pod_the_watch_delivers_within_the_grace_is_not_listed_in_full() -> No
     listed[2]["metadata"]["resourceVersion"] = "13"
     asyncio.run(resync.resync_once(cast(Kube, kube), cache, c, ["ns"]))  # the initial sync: no grace, no wait
     assert kube.full_pod_lists == ["ddpjob.io/job-name=j2"]
+
+
+class ExpiringKube(PagedKube):
+    """The first LIST of each kind in ``expire`` fails after its first page: its continue token outlived the API
+    server's compaction (410)."""
+
+    def __init__(self, pods: list[dict[str, Any]], jobs: list[dict[str, Any]], expire: set[str]) -> None:
+        super().__init__(pods, jobs)
+        self.expire = set(expire)
+
+    async def pages(self, api_version: str, kind: str, namespace: str | None, label_selector: str, *,
+                    metadata_only: bool = False) -> AsyncIterator[list[dict[str, Any]]]:
+        n = 0
+        async for page in super().pages(api_version, kind, namespace, label_selector, metadata_only=metadata_only):
+            if n == 1 and kind in self.expire:
+                self.expire.discard(kind)
+                raise kopf_errors.APIClientError("The provided continue parameter is too old",
+                                                 status=410, headers={})
+            n += 1
+            yield page
+
+
+def test_a_list_continued_past_the_compaction_is_listed_again_at_once() -> None:
+    """At 45,000 starting pods a resync's paged LIST outlived the API server's compaction and the resync waited a
+    whole period; now the kind is listed again from its first page, in the same resync."""
+    jobs = [make_job(f"j{i}").obj() for i in range(3)]
+    pods = [pod_obj(j, i) for j in jobs for i in range(2)]
+    kube, cache, c = ExpiringKube(pods, jobs, {"Pod", KIND}), ChildCache(), ctl.Controller()
+    asyncio.run(resync.resync_once(cast(Kube, kube), cache, c, ["ns"]))
+    assert kube.expire == set(), "both LISTs expired once"
+    assert all(len([p for p in cache.pods(("ns", f"j{i}")) if not p.gone]) == 2 for i in range(3))
+    assert set(c.jobs) == {("ns", "j0"), ("ns", "j1"), ("ns", "j2")}
+    forbidden = ExpiringKube(pods, jobs, set())
+
+    async def refuse(*args: Any, **kwargs: Any) -> AsyncIterator[list[dict[str, Any]]]:
+        raise kopf_errors.APIClientError("bad request", status=400, headers={})
+        yield []
+
+    forbidden.pages = refuse  # type: ignore[method-assign]
+    try:
+        asyncio.run(resync.resync_once(cast(Kube, forbidden), ChildCache(), ctl.Controller(), ["ns"]))
+    except kopf_errors.APIClientError as err:
+        assert err.status == 400, "another client error is not listed again"
+    else:
+        raise AssertionError("a 400 must end the resync (the next period tries again)")
