@@ -30,14 +30,18 @@ PREFIX = "vanished-"
 _RDZV = "rdzv"
 
 
+def _head(job_uid: str) -> str:
+    return f"{PREFIX}{job_uid}-"
+
+
 def loss_uid(job_uid: str, index: int | None) -> str:
     """The stable UID of the loss of worker ``index`` (None: the rendezvous pod) of the job with ``job_uid``."""
-    return f"{PREFIX}{job_uid}-{_RDZV if index is None else index}"
+    return _head(job_uid) + (_RDZV if index is None else str(index))
 
 
 def _pod_name(uid: str, job: DDPJob) -> str | None:
     """The name of the pod whose loss ``uid`` is, if it is such a UID of this job."""
-    head = loss_uid(job.uid, None)[: -len(_RDZV)]
+    head = _head(job.uid)
     if not uid.startswith(head):
         return None
     which = uid[len(head):]
