@@ -236,15 +236,21 @@ def run(ctx: dict[str, Any], n: int, workers: int, minutes: float) -> dict[str, 
     running(custom, ctx["ns"], n)
     created = time.monotonic() - t0
     print(f"{n} jobs Running in {created:.0f} s", flush=True)
+    # What a run that breaks later still leaves: written after each phase (a 5,000-job run takes an hour).
+    result: dict[str, Any] = {
+        "jobs": n, "workers": workers, "minutes": minutes, "create_all_running_s": created,
+        "report_budget": os.environ.get("DDPJOB_REPORT_WRITES_PER_SECOND", "default"),
+        "replacement_alone": alone, "creation_operator": {"cpu_s": scale.proc_cpu_seconds(ctx["op"].pid),
+                                                          "peak_hwm_mb": scale.proc_peak_rss_mb(ctx["op"].pid)}}
+    ctx["partial"].write_text(json.dumps(result, indent=2))
     time.sleep(30)  # the creation's tail (status writes, the scheduler's binds) is over
-    idle = idle_window(ctx, 120, jobs[5:15])
-    print(f"idle: {json.dumps(idle)}", flush=True)
-    loaded = measure_window(ctx, minutes, jobs[15:25])
-    stats = job_stats(custom, ctx["ns"])
-    return {"jobs": n, "workers": workers, "minutes": minutes, "create_all_running_s": created,
-            "report_budget": os.environ.get("DDPJOB_REPORT_WRITES_PER_SECOND", "default"),
-            "replacement_alone": alone, "idle": idle, "loaded": loaded, "objects": stats,
-            "load_1m_at_end": os.getloadavg()[0]}
+    result["idle"] = idle_window(ctx, 120, jobs[5:15])
+    print(f"idle: {json.dumps(result['idle'])}", flush=True)
+    ctx["partial"].write_text(json.dumps(result, indent=2))
+    result["loaded"] = measure_window(ctx, minutes, jobs[15:25])
+    ctx["partial"].write_text(json.dumps(result, indent=2))
+    result.update(objects=job_stats(custom, ctx["ns"]), load_1m_at_end=os.getloadavg()[0])
+    return result
 
 
 def report(r: dict[str, Any]) -> None:
@@ -313,7 +319,8 @@ def main() -> int:
         log = open(work / "operator.log", "wb")  # noqa: SIM115
         op = scale.start_operator(op_config, ns, log)
         ctx = {"state": state, "op": op, "core": core, "admin": admin, "ns": ns, "kubeconfig": kubeconfig,
-               "work": work, "audit_log": audit_log, "profile": args.out if args.profile else None}
+               "work": work, "audit_log": audit_log, "profile": args.out if args.profile else None,
+               "partial": args.out / f"steady-state-{args.jobs}.partial.json"}
         result = run(ctx, args.jobs, args.workers, args.minutes)
     finally:
         if op is not None:
