@@ -34,6 +34,10 @@ RECONCILE_DURATION = Histogram(
     "Wall time of one reconcile pass (read, plan, apply, status write)",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+RESYNC_SECONDS = Histogram("ddpjob_resync_duration_seconds", "Wall time of one periodic resync (every watched kind "
+                           "listed)", buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600))
+RESYNC_LISTED = Gauge("ddpjob_resync_listed_objects", "Objects the last periodic resync listed; past a period's "
+                      "worth (runtime/resync.LISTED_PER_SECOND) the period stretches (runtime/resync.next_wait)")
 WORKER_ADMISSION_POLICY = Gauge(
     "ddpjob_worker_admission_policy", "1 for what the operator last found of the chart's worker admission policy "
     "and its binding (present; absent; unknown: not readable; unchecked: no --worker-admission-policy), 0 for the "

@@ -7,6 +7,7 @@ import copy
 from collections.abc import AsyncIterator, Callable
 from typing import Any, cast
 
+import pytest
 from ddpjob_operator.api.spec import KIND
 from ddpjob_operator.kube.client import Kube
 from ddpjob_operator.kube.kopf_compat import kopf_errors
@@ -52,7 +53,7 @@ def test_resync_takes_every_page_and_forgets_jobs_the_list_lacks() -> None:
     changed = asyncio.run(resync.resync_once(cast(Kube, kube), cache, c, ["ns"]))
     assert kube.pages_read == 7, "three metadata pages, the job's three pods in full (none held), one DDPJob page"
     assert kube.full_pod_lists == ["ddpjob.io/job-name=job"], "the full pods of that job only"
-    assert changed == 1
+    assert changed == (1, 4), "one job's children changed; three pods and one DDPJob listed"
     assert sorted(p.name for p in cache.pods(("ns", "job"))) == sorted(p["metadata"]["name"] for p in pods)
     assert set(c.jobs) == {("ns", "job")}, "learnt from its page; 'gone' was not listed"
 
@@ -101,13 +102,13 @@ def test_pods_the_cache_holds_at_the_listed_version_are_listed_by_their_metadata
     kube, cache, c = PagedKube(pods, jobs), ChildCache(), ctl.Controller()
     for pod in pods:
         cache.apply("Pod", "ADDED", pod)
-    assert asyncio.run(resync.resync_once(cast(Kube, kube), cache, c, ["ns"])) == 0
+    assert asyncio.run(resync.resync_once(cast(Kube, kube), cache, c, ["ns"])).changed == 0
     assert kube.full_pod_lists == []
     changed = copy.deepcopy(pods[1])
     changed["metadata"]["resourceVersion"] = "v9"
     changed["status"]["phase"] = "Failed"  # missed by the watch
     kube.by_kind["Pod"] = [pods[0], changed, pods[2]]
-    assert asyncio.run(resync.resync_once(cast(Kube, kube), cache, c, ["ns"])) == 1
+    assert asyncio.run(resync.resync_once(cast(Kube, kube), cache, c, ["ns"])).changed == 1
     assert kube.full_pod_lists == ["ddpjob.io/job-name=j1"]
     assert cache.pod(("ns", "j1"), changed["metadata"]["uid"]).phase == "Failed"  # type: ignore[union-attr]
     kube.full_pod_lists.clear()
@@ -202,3 +203,38 @@ def test_a_list_continued_past_the_compaction_is_listed_again_at_once() -> None:
         assert err.status == 400, "another client error is not listed again"
     else:
         raise AssertionError("a 400 must end the resync (the next period tries again)")
+
+
+@pytest.mark.parametrize(("period", "listed", "wait"), [
+    (60.0, 0, 60.0),
+    (60.0, 12_000, 60.0),  # 1,000 jobs x 8 workers and their Services and NetworkPolicies: the period holds
+    (60.0, 60_000, 300.0),  # 5,000 such jobs: every 5 min
+    (5.0, 3_000, 15.0),
+    (600.0, 60_000, 600.0),  # a longer period than the bound asks for stays
+])
+def test_the_period_stretches_with_the_objects_listed(period: float, listed: int, wait: float) -> None:
+    assert resync.next_wait(period, listed) == wait
+
+
+def test_resync_forever_waits_by_what_the_last_resync_listed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait after each resync follows next_wait of its count; a failed resync keeps the last wait."""
+    answers: list[Any] = [resync.Resynced(0, 100), resync.Resynced(2, 60_000), RuntimeError("503"),
+                          resync.Resynced(0, 100)]
+    waits: list[float] = []
+
+    async def once(*args: Any, **kwargs: Any) -> resync.Resynced:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return cast(resync.Resynced, answer)
+
+    async def sleep(seconds: float) -> None:
+        waits.append(seconds)
+        if not answers:
+            raise asyncio.CancelledError
+
+    monkeypatch.setattr(resync, "resync_once", once)
+    monkeypatch.setattr(resync.asyncio, "sleep", sleep)
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(resync.resync_forever(cast(Kube, None), ChildCache(), ctl.Controller(), ["ns"], 60.0))
+    assert waits == [60.0, 60.0, 300.0, 300.0, 60.0]
