@@ -234,7 +234,7 @@ def test_resync_forever_waits_by_what_the_last_resync_listed(monkeypatch: pytest
             raise asyncio.CancelledError
 
     monkeypatch.setattr(resync, "resync_once", once)
-    monkeypatch.setattr(resync.asyncio, "sleep", sleep)
+    monkeypatch.setattr(asyncio, "sleep", sleep)  # resync_forever waits with asyncio.sleep
     with pytest.raises(asyncio.CancelledError):
         asyncio.run(resync.resync_forever(cast(Kube, None), ChildCache(), ctl.Controller(), ["ns"], 60.0))
     assert waits == [60.0, 60.0, 300.0, 300.0, 60.0]
