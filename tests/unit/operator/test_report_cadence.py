@@ -61,3 +61,23 @@ def test_the_status_carries_the_cadence_of_a_job_that_runs_and_drops_it_once_fin
             {"name": "worker", "state": {"terminated": {"exitCode": 0, "finishedAt": "2026-01-01T00:00:00Z"}}}]}
     done = plan(c.job, dataclasses.replace(c.observed(), report_interval=80), at(400))
     assert done.status["state"] == "Succeeded" and done.status.get(STATUS_REPORT_INTERVAL) is None
+
+
+def test_the_controller_counts_the_jobs_that_will_report_before_they_run() -> None:
+    """A burst of new jobs sets the cadence while they are Created, so their Running write carries it: counted by
+    Running alone, each doubling rewrote every running job's status (3 times each while 5,000 jobs started)."""
+    from ddpjob_operator.planner import status as st
+    from ddpjob_operator.runtime import controller as ctl
+
+    c = ctl.Controller()
+    for i in range(1000):
+        c._set_state(("ns", f"j{i}"), st.CREATED)
+    assert c.report_interval() == 20, "1,000 jobs about to run: 20 s before any of them is Running"
+    for i in range(1000):
+        c._set_state(("ns", f"j{i}"), st.RUNNING if i % 2 else st.RESTARTING)
+    assert c.report_interval() == 20, "the same jobs Running or Restarting: the same cadence, no rewrite"
+    for i in range(600):
+        c._set_state(("ns", f"j{i}"), st.SUCCEEDED if i % 3 else st.FAILED)
+    c._set_state(("ns", "j999"), None)  # deleted
+    c._set_state(("ns", "queued"), st.QUEUED)
+    assert c.report_interval() is None, "399 jobs left that report: the worker's own 10 s fits"

@@ -22,7 +22,8 @@ def interval(running_jobs: int, budget: float = DEFAULT_BUDGET) -> int | None:
     the cadence changes, and every job's status with it, only when the number of jobs doubles), at most 320 s.
 
     Args:
-        running_jobs: The operator's jobs in state Running.
+        running_jobs: The operator's jobs that report, or will once their pods run (Created, Running,
+            Restarting: runtime/controller.report_interval).
         budget: Routine writes per second allowed for all of them; 0 or less: no budget.
 
     Returns:
