@@ -30,7 +30,7 @@ def scrape(url: str, pki: Path | None = None) -> dict[str, float]:
     if pki is not None:
         tls = ssl.create_default_context(cafile=str(pki / "ca.crt"))
         tls.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
-    text = urllib.request.urlopen(url, timeout=10, context=tls).read().decode()
+    text = urllib.request.urlopen(url, timeout=60, context=tls).read().decode()
     out = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
