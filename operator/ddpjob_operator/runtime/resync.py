@@ -197,10 +197,10 @@ async def _resync_jobs(kube: Kube, sink: JobSink, ns: str | None) -> int:
 
 async def sync_then_resync(kube: Kube, cache: ChildCache, sink: JobSink, namespaces: list[str], period: float,
                            synced: asyncio.Event) -> None:
-    """The initial full LIST (retried until it succeeds), then ``synced`` is set, then a resync every ``period``
-    seconds (none when 0). No pass may run before ``synced``: a pass over a half-filled cache would see children
-    missing that exist (spurious ChildRecreated Events) and could not tell a pod lost while the operator was down
-    from one not listed yet."""
+    """The initial full LIST (retried until it succeeds), then ``synced`` is set, then a resync every ``period`` seconds
+    or longer (next_wait; none when 0). No pass may run before ``synced``: a pass over a half-filled cache would see
+    children missing that exist (spurious ChildRecreated Events) and could not tell a pod lost while the operator was
+    down from one not listed yet."""
     attempt = 0
     while not synced.is_set():
         try:
